@@ -1,0 +1,27 @@
+# The two commands of the README. Each creates the virtual environment when it is missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: serve test bench lint
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, from its pinned release, so no other package pulls a different (CUDA) build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/loraplex serve
+
+test: $(STAMP)
+	$(VENV)/bin/loraplex models pull
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) scripts/bench_engine.py --json
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app engine kernels scripts tests

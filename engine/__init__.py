@@ -1,0 +1,19 @@
+"""The loraplex engine: sequences, the page pool, the scheduler, the model forward and sampling."""
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import ConfigError, EngineError, PoolExhaustedError, RequestError
+from engine.outputs import EngineStats, RequestOutput
+from engine.sampling_params import SamplingParams
+
+__all__ = [
+    "ConfigError",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineStats",
+    "PoolExhaustedError",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+]

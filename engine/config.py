@@ -1,0 +1,139 @@
+"""The engine's frozen configuration and the model facts derived from a Hugging Face folder."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+MIN_BLOCK_SIZE = 16  # tokens per KV page; smaller pages make the gather index longer for no gain
+DEFAULT_CPU_POOL_BYTES = 2 * 1024**3  # room for ~46k tokens of SmolLM2's KV in fp32
+DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights are loaded
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the engine needs to start; validated once, never read from the environment."""
+
+    model: str
+    """Path to a local Hugging Face folder (Llama, Qwen2 or Mistral) with safetensors weights."""
+    device: str = "auto"
+    """"auto" (CUDA when present, else CPU), "cpu" or "cuda"."""
+    dtype: str = "auto"
+    """"auto" (bf16 on CUDA, fp32 on CPU), "float32", "bfloat16" or "float16"."""
+    pool_bytes: int | None = None
+    """Bytes for the unified page pool; None: a fraction of free GPU memory, or 2 GiB on CPU."""
+    block_size: int | None = None
+    """Tokens per KV page; None picks the smallest power of two >= 16 whose page holds the widest row."""
+    max_num_seqs: int = 64
+    """Most sequences running at once (the decode batch size)."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step, shared by decode tokens and prefill chunks."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of full blocks whose token chain was computed before."""
+    num_threads: int | None = None
+    """torch intra-op threads on CPU; None keeps torch's default."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode in one step"
+            )
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.pool_bytes is not None and self.pool_bytes <= 0:
+            raise ConfigError(f"pool_bytes must be positive, got {self.pool_bytes}")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda' was asked for but torch sees no CUDA device")
+        return torch.device(self.device)
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The shapes of a Llama-family model, read from its config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    raw: dict = field(repr=False, compare=False)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "ModelConfig":
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise ConfigError(f"{folder} has no config.json; point the engine at a Hugging Face model folder")
+        raw = json.loads(config_path.read_text())
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"model_type {model_type!r} is not supported; use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        num_heads = raw["num_attention_heads"]
+        hidden = raw["hidden_size"]
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            model_type=model_type,
+            vocab_size=raw["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=raw.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            # Qwen2 always has q/k/v biases; Llama and Mistral say so in attention_bias.
+            attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            eos_token_ids=eos_ids,
+            raw=raw,
+        )
+
+    @property
+    def widest_row(self) -> int:
+        """The longest LoRA row an adapter may store in a page (DESIGN.md §3)."""
+        return max(self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim)
+
+    def page_elems(self, block_size: int) -> int:
+        """P: elements of one page in one layer, a KV block of ``block_size`` tokens."""
+        return block_size * 2 * self.num_kv_heads * self.head_dim
+
+    def pick_block_size(self) -> int:
+        block_size = MIN_BLOCK_SIZE
+        while self.page_elems(block_size) < self.widest_row:
+            block_size *= 2
+        return block_size

@@ -1,0 +1,65 @@
+"""Token ids to text, one token at a time, never splitting a UTF-8 character or leaking a stop string."""
+
+from transformers import PreTrainedTokenizerBase
+
+# Prompt tokens decoded with the first output tokens, so a word-initial space renders as the model meant.
+NUM_CONTEXT_TOKENS = 5
+REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for a byte sequence that is not complete yet
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of output ids into text deltas.
+
+    Each push decodes only the tokens since the last clean boundary (``prefix_offset``) and hands out
+    the part past the previous read; a delta that ends in an incomplete UTF-8 sequence waits for the
+    next token. With stop strings, the last ``max(len(stop)) - 1`` characters are held back until it is
+    clear they do not start a stop string, so a streamed client never sees part of one.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: list[int],
+        stop: tuple[str, ...] = (),
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self._num_emitted = 0
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token_id: int, is_stop_token: bool = False) -> str:
+        """Take one generated token; return the text that is now safe to show."""
+        if self.stopped or is_stop_token:
+            return ""
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
+        full = decode(self._ids[self._prefix_offset:], skip_special_tokens=True)
+        if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
+            return ""
+        search_from = max(0, len(self.text) - self._hold)
+        self.text += full[len(prefix):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        if self._stop:
+            hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.stopped = True
+                return self.flush()
+        return self._release(len(self.text) - self._hold)
+
+    def flush(self) -> str:
+        """Everything not handed out yet (call once the sequence has finished)."""
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self._num_emitted:
+            return ""
+        delta = self.text[self._num_emitted:upto]
+        self._num_emitted = upto
+        return delta

@@ -1,0 +1,200 @@
+"""The engine: requests in, tokens out, one step at a time (schedule, run, update)."""
+
+import itertools
+import logging
+from collections.abc import Sequence as SequenceOf
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import RequestError
+from engine.kv_cache_manager import KVCacheManager
+from engine.model import LlamaModel
+from engine.outputs import EngineStats, RequestOutput
+from engine.page_pool import PagePool
+from engine.sampler import sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import FinishReason, Sequence
+from engine.step_batch import build_step_batch
+from engine.weights import load_weights
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    """Serves many concurrent requests over one model with a paged KV cache (DESIGN.md §6)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        folder = Path(config.model)
+        self.model_config = ModelConfig.from_folder(folder)
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(self.device)
+        if config.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        weights = load_weights(folder, self.model_config, self.dtype, self.device)
+        self.max_model_len = self.model_config.max_position_embeddings
+        self.model = LlamaModel(self.model_config, weights, self.max_model_len)
+        self.pool = self._make_pool()
+        self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
+            [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        )
+        self._requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0}
+        logger.info(
+            "engine ready: %s on %s/%s, %d pages of %d tokens (%.0f MiB)",
+            folder.name, self.device, str(self.dtype).removeprefix("torch."), self.pool.num_pages,
+            self.pool.block_size, self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
+        )
+
+    def _make_pool(self) -> PagePool:
+        cfg = self.model_config
+        block_size = self.config.block_size or cfg.pick_block_size()
+        if cfg.page_elems(block_size) < cfg.widest_row:
+            logger.warning("block_size %d leaves pages narrower than the widest adapter row", block_size)
+        page_bytes = cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(self.dtype).bits // 8
+        budget = self.config.pool_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * DEFAULT_GPU_MEMORY_FRACTION)
+            else:
+                budget = DEFAULT_CPU_POOL_BYTES
+        return PagePool(
+            budget // page_bytes, cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim,
+            self.dtype, self.device,
+        )
+
+    # Requests -------------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        adapter: str | None = None,
+    ) -> str:
+        """Queue a request (text, or token ids) and return its id."""
+        if adapter is not None:
+            raise RequestError(f"unknown adapter {adapter!r}: no adapter has been added to this engine")
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise RequestError("the prompt is empty; send at least one token")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+        if self.kv.num_blocks_for(total) > self.pool.num_pages:
+            raise RequestError(
+                f"a request of {total} tokens cannot fit the page pool ({self.pool.num_pages} pages of "
+                f"{self.pool.block_size} tokens); lower max_tokens or give the engine more memory"
+            )
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            params=params,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
+            eos_token_ids=self._eos_ids,
+        )
+        self._requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its pages; None if it is unknown or already finished."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        return RequestOutput.of(seq, [], seq.detokenizer.flush())
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # The step -------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return an output for every request that got a token or finished."""
+        scheduled = self.scheduler.schedule()
+        sampled = self._run(scheduled)
+        return self._update(scheduled, sampled)
+
+    def _run(self, scheduled: SchedulerOutput) -> list[tuple[Sequence, int]]:
+        """The forward pass and sampling: each sequence that reached its end gets one token."""
+        self._totals["preemptions"] += len(scheduled.preempted_ids)
+        if scheduled.is_empty:
+            return []
+        batch = build_step_batch(scheduled, self.pool.block_size, self.device)
+        logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
+        return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
+
+    def _update(
+        self, scheduled: SchedulerOutput, sampled: list[tuple[Sequence, int]]
+    ) -> list[RequestOutput]:
+        self.scheduler.update(scheduled)
+        outputs = []
+        for seq, token_id in sampled:
+            if seq.num_output_tokens == 0 and seq.num_preemptions == 0:
+                self._totals["prompt"] += seq.num_prompt_tokens
+                self._totals["cached"] += seq.num_cached_tokens
+            self._totals["generated"] += 1
+            delta = seq.append_token(token_id)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq, seq.finish_reason)
+                del self._requests[seq.request_id]
+            outputs.append(RequestOutput.of(seq, [token_id], delta))
+        return outputs
+
+    # Conveniences ---------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: SequenceOf[str | list[int]],
+        params: SamplingParams | SequenceOf[SamplingParams] | None = None,
+        adapters: SequenceOf[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion together and return their final outputs, in order."""
+        params = params or SamplingParams()
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        adapters = list(adapters) if adapters is not None else [None] * len(prompts)
+        if not len(params_list) == len(adapters) == len(prompts):
+            raise RequestError("prompts, params and adapters must have the same length")
+        request_ids = [
+            self.add_request(prompt, p, adapter=a)
+            for prompt, p, a in zip(prompts, params_list, adapters, strict=True)
+        ]
+        finals: dict[str, RequestOutput] = {}
+        while len(finals) < len(request_ids):
+            for output in self.step():
+                if output.finished:
+                    finals[output.request_id] = output
+        return [finals[request_id] for request_id in request_ids]
+
+    def stats(self) -> EngineStats:
+        pool = self.pool.stats()
+        return EngineStats(
+            num_pages=pool.num_pages,
+            block_size=pool.block_size,
+            page_bytes=pool.page_bytes,
+            pages_by_owner=pool.pages_by_owner,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_resident_adapters=0,
+            num_preemptions=self._totals["preemptions"],
+            num_prompt_tokens=self._totals["prompt"],
+            num_cached_prompt_tokens=self._totals["cached"],
+            num_generated_tokens=self._totals["generated"],
+        )

@@ -1,0 +1,93 @@
+"""Each sequence's KV blocks in the page pool, with automatic prefix caching over full blocks."""
+
+import hashlib
+from array import array
+
+from engine.page_pool import PagePool
+from engine.sequence import Sequence
+
+ROOT_HASH = b"loraplex-kv-v1"  # the parent of a sequence's first block
+
+
+def block_hash(parent: bytes, token_ids: list[int], adapter_digest: bytes = b"") -> bytes:
+    """Chain hash of one full block: it names the block's tokens and every token before them.
+
+    The adapter's content digest is part of the chain, so two adapters never share KV and a
+    re-uploaded adapter (a new digest) never reuses the old version's blocks.
+    """
+    digest = hashlib.sha256(parent)
+    digest.update(array("q", token_ids).tobytes())
+    digest.update(adapter_digest)
+    return digest.digest()
+
+
+class KVCacheManager:
+    """Allocates, shares and frees sequences' KV blocks (``allocate_slots`` / ``free``)."""
+
+    def __init__(self, pool: PagePool, enable_prefix_caching: bool) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_prefix_caching = enable_prefix_caching
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a sequence with no blocks the cached blocks of its longest computed prefix.
+
+        At least one token is always left to compute, so the step that follows yields logits.
+        Returns the number of tokens served from the cache.
+        """
+        assert not seq.block_ids and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        self._extend_hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        for block_hash_ in seq.block_hashes:
+            page_id = self.pool.lookup(block_hash_)
+            if page_id is None:
+                break
+            self.pool.acquire(page_id)
+            seq.block_ids.append(page_id)
+        seq.num_registered_blocks = len(seq.block_ids)
+        seq.num_computed_tokens = len(seq.block_ids) * self.block_size
+        return seq.num_computed_tokens
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.pool.can_allocate(self._num_missing_blocks(seq, num_new_tokens))
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for the next ``num_new_tokens`` tokens of ``seq``; False if the pool is short."""
+        num_missing = self._num_missing_blocks(seq, num_new_tokens)
+        if not self.pool.can_allocate(num_missing):
+            return False
+        if num_missing:
+            seq.block_ids.extend(self.pool.allocate(num_missing))
+        return True
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Offer the blocks that the last step filled to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_registered_blocks:
+            return
+        self._extend_hashes(seq, num_full)
+        for index in range(seq.num_registered_blocks, num_full):
+            self.pool.register_block(seq.block_ids[index], seq.block_hashes[index])
+        seq.num_registered_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.free(seq.block_ids)
+        seq.block_ids = []
+        seq.num_registered_blocks = 0
+
+    def _num_missing_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens)
+        return max(0, needed - len(seq.block_ids))
+
+    def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:
+        size = self.block_size
+        for index in range(len(seq.block_hashes), num_blocks):
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            tokens = seq.token_ids[index * size:(index + 1) * size]
+            seq.block_hashes.append(block_hash(parent, tokens))

@@ -1,0 +1,60 @@
+"""Our forward pass of a Llama-family model over the paged pool (Llama, Qwen2, Mistral)."""
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.page_pool import PagePool
+from engine.rope import RotaryEmbedding
+from engine.step_batch import StepBatch
+from engine.weights import LayerWeights, ModelWeights
+from kernels.kv_write import write_kv
+from kernels.paged_attention import paged_attention
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, as Hugging Face's Llama does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [num_tokens, hidden]
+    return weight * x32.to(x.dtype)
+
+
+class LlamaModel:
+    """Embedding, decoder layers writing their K/V into the pool, final norm and LM head."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int) -> None:
+        self.config = config
+        self.weights = weights
+        self.rope = RotaryEmbedding(config, max_positions, weights.embed.dtype, weights.embed.device)
+        self.scale = config.head_dim**-0.5
+        self._q_size = config.num_heads * config.head_dim
+        self._kv_size = config.num_kv_heads * config.head_dim
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, pool: PagePool) -> torch.Tensor:
+        """Logits of the rows in ``batch.logits_indices``: [num_sampled, vocab] in fp32."""
+        x = self.weights.embed[batch.input_ids]  # [num_tokens, hidden]
+        for index, layer in enumerate(self.weights.layers):
+            x = self._layer(x, layer, pool.kv_layer(index), batch)
+        x = x[batch.logits_indices]  # [num_sampled, hidden]
+        x = rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps)
+        return F.linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
+
+    def _layer(
+        self, x: torch.Tensor, w: LayerWeights, kv_cache: torch.Tensor, batch: StepBatch
+    ) -> torch.Tensor:
+        cfg = self.config
+        num_tokens = x.shape[0]
+        h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
+        qkv = F.linear(h, w.qkv, w.qkv_bias)  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
+        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
+        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
+        v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
+        q, k = self.rope(q, k, batch.positions)
+        write_kv(kv_cache, k, v, batch.slot_mapping)
+        attn = paged_attention(q.contiguous(), kv_cache, batch.attention, self.scale)  # [num_tokens, heads, D]
+        x = x + F.linear(attn.view(num_tokens, self._q_size), w.o)  # [num_tokens, hidden]
+        h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
+        gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
+        return x + F.linear(F.silu(gate) * up, w.down)  # [num_tokens, hidden]

@@ -1,0 +1,170 @@
+"""The unified page pool: one tensor of pages shared by KV blocks and (from step 2) adapter weights."""
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import PoolExhaustedError
+
+
+class OwnerKind(enum.Enum):
+    FREE = "free"
+    KV = "kv"  # a running sequence's KV block (possibly shared by several through the prefix cache)
+    PREFIX_CACHE = "prefix_cache"  # a full KV block nobody uses now, kept for prefix hits
+    ADAPTER = "adapter"  # rows of a resident adapter's weights
+
+
+@dataclass(slots=True)
+class Page:
+    page_id: int
+    owner: OwnerKind = OwnerKind.FREE
+    ref_count: int = 0
+    block_hash: bytes | None = None  # set while the page holds a full KV block registered for reuse
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    num_pages: int
+    block_size: int
+    page_bytes: int
+    pages_by_owner: dict[str, int]
+
+
+class PagePool:
+    """Every page of the engine, with one free list.
+
+    ``storage`` is ``[num_pages, num_layers, P]`` (DESIGN.md §3); a KV block is one page, and
+    ``storage[p, l]`` viewed as ``[2, block_size, num_kv_heads, head_dim]`` holds layer ``l``'s K and V.
+
+    Pressure order when a page is needed: free pages first, then cached prefix blocks with no user,
+    least recently used first (their hash is dropped); adapters and preemption are the callers' moves.
+    Both lists are ordered dicts, so a cached block leaves the middle of its list in O(1) on a hit.
+    """
+
+    def __init__(
+        self,
+        num_pages: int,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_pages < 1:
+            raise PoolExhaustedError("the page pool has no pages; give the engine a larger pool_bytes")
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        page_elems = block_size * 2 * num_kv_heads * head_dim
+        self.storage = torch.zeros(num_pages, num_layers, page_elems, dtype=dtype, device=device)  # [N, L, P]
+        self.pages = [Page(page_id) for page_id in range(num_pages)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
+        self._cached: OrderedDict[int, None] = OrderedDict()  # evictable prefix blocks, oldest first
+        self._hash_to_page: dict[bytes, int] = {}
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages)
+
+    @property
+    def num_allocatable(self) -> int:
+        """Pages that can be handed out now: free ones and evictable cached prefix blocks."""
+        return len(self._free) + len(self._cached)
+
+    def kv_layer(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s view of every page as a KV block: [num_pages, 2, block_size, kv_heads, head_dim]."""
+        return self.storage[:, layer].view(
+            self.num_pages, 2, self.block_size, self.num_kv_heads, self.head_dim
+        )
+
+    def can_allocate(self, num_pages: int) -> bool:
+        return num_pages <= self.num_allocatable
+
+    def allocate(self, num_pages: int, owner: OwnerKind = OwnerKind.KV) -> list[int]:
+        """Take ``num_pages`` pages (free first, then the oldest cached blocks), each with one reference."""
+        if not self.can_allocate(num_pages):
+            raise PoolExhaustedError(
+                f"asked for {num_pages} pages but only {self.num_allocatable} can be freed"
+            )
+        page_ids = []
+        for _ in range(num_pages):
+            if self._free:
+                page_id, _ = self._free.popitem(last=False)
+            else:
+                page_id, _ = self._cached.popitem(last=False)
+                page = self.pages[page_id]
+                del self._hash_to_page[page.block_hash]
+                page.block_hash = None
+            page = self.pages[page_id]
+            page.owner = owner
+            page.ref_count = 1
+            page_ids.append(page_id)
+        return page_ids
+
+    def free(self, page_ids: list[int]) -> None:
+        """Drop one reference from each page; a page nobody holds goes back to a list.
+
+        Pages are released last to first, so a sequence's tail blocks are evicted before its head
+        blocks, which other prompts are likelier to share.
+        """
+        for page_id in reversed(page_ids):
+            page = self.pages[page_id]
+            if page.ref_count <= 0:
+                raise AssertionError(f"page {page_id} freed with ref_count {page.ref_count}")
+            page.ref_count -= 1
+            if page.ref_count:
+                continue
+            if page.block_hash is not None:
+                page.owner = OwnerKind.PREFIX_CACHE
+                self._cached[page_id] = None
+            else:
+                page.owner = OwnerKind.FREE
+                self._free[page_id] = None
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        """The page holding the KV block with this chain hash, if it is still cached."""
+        return self._hash_to_page.get(block_hash)
+
+    def acquire(self, page_id: int) -> None:
+        """Take one more reference to a cached KV block (a prefix hit)."""
+        page = self.pages[page_id]
+        if page.ref_count == 0:
+            del self._cached[page_id]
+            page.owner = OwnerKind.KV
+        page.ref_count += 1
+
+    def register_block(self, page_id: int, block_hash: bytes) -> None:
+        """Record that ``page_id`` holds the full KV block ``block_hash``; the first page to do so wins."""
+        page = self.pages[page_id]
+        if page.block_hash is not None or block_hash in self._hash_to_page:
+            return
+        page.block_hash = block_hash
+        self._hash_to_page[block_hash] = page_id
+
+    def stats(self) -> PoolStats:
+        counts = {kind.value: 0 for kind in OwnerKind}
+        for page in self.pages:
+            counts[page.owner.value] += 1
+        page_bytes = self.storage[0].numel() * self.storage.element_size()
+        return PoolStats(self.num_pages, self.block_size, page_bytes, counts)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the lists, owners, references and hash map disagree."""
+        free, cached = set(self._free), set(self._cached)
+        assert len(free) == len(self._free) and len(cached) == len(self._cached)
+        assert not free & cached, "a page is both free and cached"
+        for page in self.pages:
+            assert page.ref_count >= 0, f"page {page.page_id} has ref_count {page.ref_count}"
+            in_free, in_cached = page.page_id in free, page.page_id in cached
+            if page.owner is OwnerKind.FREE:
+                assert in_free and page.ref_count == 0 and page.block_hash is None, page
+            elif page.owner is OwnerKind.PREFIX_CACHE:
+                assert in_cached and page.ref_count == 0 and page.block_hash is not None, page
+            else:
+                assert not in_free and not in_cached and page.ref_count > 0, page
+            if page.block_hash is not None:
+                assert self._hash_to_page.get(page.block_hash) == page.page_id, page
+        assert len(self._hash_to_page) == sum(p.block_hash is not None for p in self.pages)

@@ -1,0 +1,90 @@
+"""One request as the engine tracks it: its tokens, its pages and how far its KV is computed."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # the caller aborted (or the client went away)
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A request's state. ``token_ids`` is the prompt followed by every token generated so far."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    eos_token_ids: frozenset[int]
+    tenant: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V is in this sequence's pages
+    num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of the full blocks so far
+    num_registered_blocks: int = 0  # full blocks already offered to the prefix cache
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> str:
+        """Add a generated token, decide whether the sequence is done, and return the new text."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.token_ids.append(token_id)
+        params = self.params
+        stopped_by_token = token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.eos_token_ids
+        )
+        delta = self.detokenizer.push(token_id, is_stop_token=stopped_by_token)
+        if stopped_by_token or self.detokenizer.stopped:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_output_tokens >= params.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        if self.finish_reason is not None:
+            delta += self.detokenizer.flush()
+        return delta

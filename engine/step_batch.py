@@ -1,0 +1,80 @@
+"""Per-step metadata: which token goes where, built once per step and passed to every layer."""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+from kernels.attention_metadata import PagedAttentionMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """The flattened tokens of one step, decode rows first, and what to do with their outputs."""
+
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    slot_mapping: torch.Tensor  # [num_tokens] int64, page * block_size + offset
+    attention: PagedAttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampled] int64, the rows whose next token is sampled
+    sampled_seqs: tuple[Sequence, ...]  # in the order of logits_indices
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def build_step_batch(output: SchedulerOutput, block_size: int, device: torch.device) -> StepBatch:
+    """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them)."""
+    items = sorted(output.scheduled, key=lambda item: item.num_new_tokens != 1)
+    num_decode = sum(item.num_new_tokens == 1 for item in items)
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start_loc = [0]
+    seq_lens: list[int] = []
+    logits_indices: list[int] = []
+    sampled: list[Sequence] = []
+    for item in items:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        end = start + item.num_new_tokens
+        input_ids.extend(seq.token_ids[start:end])
+        positions.extend(range(start, end))
+        blocks = seq.block_ids
+        slots.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
+        query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
+        seq_lens.append(end)
+        if item.samples:
+            logits_indices.append(query_start_loc[-1] - 1)
+            sampled.append(seq)
+    max_blocks = max(len(item.seq.block_ids) for item in items)
+    table = [item.seq.block_ids + [0] * (max_blocks - len(item.seq.block_ids)) for item in items]
+    query_lens = [item.num_new_tokens for item in items]
+
+    def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    attention = PagedAttentionMetadata(
+        query_start_loc=tensor(query_start_loc, torch.int32),  # [num_seqs + 1]
+        seq_lens=tensor(seq_lens, torch.int32),  # [num_seqs]
+        block_tables=tensor(table, torch.int32),  # [num_seqs, max_blocks]
+        token_to_seq=torch.repeat_interleave(
+            torch.arange(len(items), dtype=torch.int32), torch.tensor(query_lens)
+        ).to(device),  # [num_tokens]
+        num_decode_seqs=num_decode,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_start_loc_list=tuple(query_start_loc),
+        seq_lens_list=tuple(seq_lens),
+    )
+    return StepBatch(
+        input_ids=tensor(input_ids),  # [num_tokens]
+        positions=tensor(positions),  # [num_tokens]
+        slot_mapping=tensor(slots),  # [num_tokens]
+        attention=attention,
+        logits_indices=tensor(logits_indices),  # [num_sampled]
+        sampled_seqs=tuple(sampled),
+    )
+

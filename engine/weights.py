@@ -1,0 +1,72 @@
+"""Read a Llama-family safetensors folder into fused, per-layer weight tensors."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import ModelConfig
+from engine.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden], q, k, v stacked
+    qkv_bias: torch.Tensor | None  # [(num_heads + 2 * num_kv_heads) * head_dim]
+    o: torch.Tensor  # [hidden, num_heads * head_dim]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden], gate then up
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+
+
+def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{folder} has no .safetensors weights; convert the model to safetensors first")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = handle.get_tensor(name)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise ConfigError(f"{folder} lacks the tensor {name!r}; is it a {config.model_type} checkpoint?")
+        return tensors.pop(name).to(device=device, dtype=dtype)
+
+    def optional(name: str) -> torch.Tensor | None:
+        return take(name) if name in tensors else None
+
+    layers = []
+    for index in range(config.num_layers):
+        prefix = f"model.layers.{index}."
+        attn, mlp = prefix + "self_attn.", prefix + "mlp."
+        biases = [optional(attn + f"{proj}_proj.bias") for proj in "qkv"]
+        layers.append(
+            LayerWeights(
+                input_norm=take(prefix + "input_layernorm.weight"),
+                qkv=torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]).contiguous(),
+                qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+                o=take(attn + "o_proj.weight"),
+                post_norm=take(prefix + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")]).contiguous(),
+                down=take(mlp + "down_proj.weight"),
+            )
+        )
+    embed = take("model.embed_tokens.weight")
+    lm_head = optional("lm_head.weight")
+    if lm_head is None:
+        if not config.tie_word_embeddings:
+            raise ConfigError(f"{folder} has no lm_head.weight and its config does not tie embeddings")
+        lm_head = embed
+    return ModelWeights(embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=lm_head)
