@@ -4,6 +4,8 @@ Every query row attends causally to its sequence's cached keys, read page by pag
 sequence's block table; a decode row and a prefill row are the same problem with different positions.
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -12,10 +14,13 @@ from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.paged_attention_torch import paged_attention_torch
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
-# independent of block_size. 32 keeps the [group, keys, head_dim] fp32 product of one iteration within
-# registers for group ≤ 4 and head_dim ≤ 128 at 4 warps, while amortising the loop over a page or more.
+# independent of block_size. Scores are a broadcast product, not tl.dot (which needs 16 query rows), so
+# one iteration holds [GROUP_PAD, 32, HEAD_DIM_PAD] fp32 values: 8K for SmolLM2 (group 3 -> 4, head_dim 64).
+# Chosen for register size, not yet tuned on a GPU.
 _KEYS_PER_TILE = 32
 _NUM_WARPS = 4
+# The kernel exponentiates with exp2, so the softmax scale is carried in log2 units.
+_LOG2_E = math.log2(math.e)
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -131,7 +136,7 @@ def paged_attention_triton(
         meta.seq_lens,
         meta.block_tables,
         meta.token_to_seq,
-        scale * 1.4426950408889634,  # log2(e)
+        scale * _LOG2_E,
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),

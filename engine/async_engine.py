@@ -1,0 +1,160 @@
+"""The engine for an asyncio server: submit a request, iterate its deltas, abort it.
+
+The step loop runs on its own thread, so the event loop never waits on a forward pass. Requests
+and aborts reach the loop through a thread-safe inbox that it drains before every step; outputs go
+back to each request's asyncio queue with ``call_soon_threadsafe``.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.engine import Engine
+from engine.errors import EngineDeadError, EngineError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05  # how long the idle loop sleeps between looks at the inbox when woken for nothing
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    adapter: str | None
+    sink: "_Sink"
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Sink:
+    """Where one request's outputs (or its error) land, on the event loop's side."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    """Drives an :class:`Engine` from a background thread for asyncio callers."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._sinks: dict[str, _Sink] = {}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._ids = 0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Abort what is in flight and join the step thread."""
+        if self._thread is None:
+            return
+        self._inbox.put(None)
+        self._wake.set()
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        adapter: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs until it finishes.
+
+        Leaving the loop early (a client that went away) aborts the request and frees its pages.
+        """
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self._error}")
+        if self._thread is None:
+            raise EngineError("the engine is not started; call start() first")
+        if request_id is None:
+            self._ids += 1
+            request_id = f"async-{self._ids}"
+        sink = _Sink(asyncio.get_running_loop())
+        self._inbox.put(_Submit(request_id, prompt, params, adapter, sink))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+        self._wake.set()
+
+    def _loop(self) -> None:
+        try:
+            while self._drain_inbox():
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                for output in self.engine.step():
+                    sink = self._sinks.get(output.request_id)
+                    if output.finished:
+                        self._sinks.pop(output.request_id, None)
+                    if sink is not None:
+                        sink.put(output)
+        except BaseException as error:  # the loop must tell every waiter, whatever went wrong
+            logger.exception("engine step loop died")
+            self._error = error
+            dead = EngineDeadError(f"the engine stopped after an error: {error}")
+            for sink in self._sinks.values():
+                sink.put(dead)
+            self._sinks.clear()
+
+    def _drain_inbox(self) -> bool:
+        """Apply queued submissions and aborts; False once stop() was asked for."""
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            if command is None:
+                for request_id, sink in self._sinks.items():
+                    output = self.engine.abort_request(request_id)
+                    if output is not None:
+                        sink.put(output)
+                self._sinks.clear()
+                return False
+            if isinstance(command, _Abort):
+                self.engine.abort_request(command.request_id)
+                self._sinks.pop(command.request_id, None)
+                continue
+            try:
+                self.engine.add_request(command.prompt, command.params, command.request_id, command.adapter)
+            except EngineError as error:
+                command.sink.put(error)
+                continue
+            self._sinks[command.request_id] = command.sink

@@ -1,0 +1,68 @@
+"""Fixtures for engine tests: tiny random models, and an engine driver that checks invariants every step."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, EngineConfig, RequestOutput
+from engine.page_pool import OwnerKind
+from engine.scheduler import SchedulerOutput
+from tests.engine.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+def make_engine(folder: Path, **overrides) -> Engine:
+    overrides.setdefault("pool_bytes", 8 * 1024**2)
+    return Engine(EngineConfig(model=str(folder), **overrides))
+
+
+def check_invariants(engine: Engine, output: SchedulerOutput | None = None) -> None:
+    """Pool bookkeeping agrees with the sequences that hold pages, and the step kept its limits."""
+    engine.pool.check_invariants()
+    holders: Counter[int] = Counter()
+    for seq in engine.scheduler.running:
+        holders.update(seq.block_ids)
+    for seq in engine.scheduler.waiting:
+        assert not seq.block_ids, f"waiting {seq.request_id} still holds pages"
+    for page in engine.pool.pages:
+        if page.owner is OwnerKind.KV:
+            assert holders[page.page_id] == page.ref_count, f"page {page.page_id}: {page} vs {holders[page.page_id]}"
+        else:
+            assert holders[page.page_id] == 0, f"page {page.page_id} is {page.owner} but held by a sequence"
+    assert len(engine.scheduler.running) <= engine.config.max_num_seqs
+    if output is not None:
+        assert output.num_batched_tokens <= engine.config.max_num_batched_tokens
+        assert output.num_batched_tokens == sum(item.num_new_tokens for item in output.scheduled)
+
+
+def run_checked(engine: Engine) -> dict[str, RequestOutput]:
+    """Step until every request finishes, checking invariants after every step; final outputs by id."""
+    finals: dict[str, RequestOutput] = {}
+    schedule = engine.scheduler.schedule
+    last: list[SchedulerOutput] = []
+
+    def recording_schedule() -> SchedulerOutput:
+        last.append(schedule())
+        return last[-1]
+
+    engine.scheduler.schedule = recording_schedule
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finals[output.request_id] = output
+            check_invariants(engine, last[-1])
+    finally:
+        engine.scheduler.schedule = schedule
+    assert engine.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0, "pages leaked after all requests ended"
+    return finals

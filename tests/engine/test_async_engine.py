@@ -1,0 +1,100 @@
+"""The asyncio form of the engine: concurrent streams, early exits that abort, a clean stop."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine import RequestError, SamplingParams
+from engine.async_engine import AsyncEngine
+from engine.page_pool import OwnerKind
+from tests.engine.conftest import make_engine
+
+PROMPTS = ["The quick brown fox", "def add(a, b):", "Bonjour, ça va?", "Paged attention keeps"]
+
+
+def test_concurrent_streams_match_the_blocking_api(tiny_llama: Path) -> None:
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = make_engine(tiny_llama).generate(PROMPTS, params)
+
+    async def consume(engine: AsyncEngine, prompt: str) -> tuple[list[int], str, str | None]:
+        tokens, text, reason = [], "", None
+        async for output in engine.generate(prompt, params):
+            tokens += output.delta_token_ids
+            text += output.delta_text
+            reason = output.finish_reason
+        return tokens, text, reason
+
+    async def main() -> list[tuple[list[int], str, str | None]]:
+        engine = AsyncEngine(make_engine(tiny_llama))
+        engine.start()
+        try:
+            return await asyncio.gather(*(consume(engine, p) for p in PROMPTS))
+        finally:
+            await engine.stop()
+
+    results = asyncio.run(main())
+    for (tokens, text, reason), want in zip(results, expected, strict=True):
+        assert tokens == want.token_ids
+        assert text == want.text
+        assert reason == "length"
+
+
+def test_leaving_the_stream_early_aborts_and_frees_pages(tiny_llama: Path) -> None:
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def main() -> None:
+        sync_engine = make_engine(tiny_llama)
+        engine = AsyncEngine(sync_engine)
+        engine.start()
+        try:
+            seen = 0
+            async for _ in engine.generate(PROMPTS[0], params):
+                seen += 1
+                if seen == 3:
+                    break
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if not sync_engine.has_unfinished_requests():
+                    break
+            assert not sync_engine.has_unfinished_requests()
+            assert sync_engine.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_bad_request_raises_in_the_caller(tiny_llama: Path) -> None:
+    async def main() -> None:
+        engine = AsyncEngine(make_engine(tiny_llama))
+        engine.start()
+        try:
+            with pytest.raises(RequestError, match="empty"):
+                async for _ in engine.generate([], SamplingParams()):
+                    pass
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_stop_ends_streams_in_flight_with_abort(tiny_llama: Path) -> None:
+    params = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+
+    async def main() -> str | None:
+        engine = AsyncEngine(make_engine(tiny_llama))
+        engine.start()
+        reason = None
+
+        async def consume() -> None:
+            nonlocal reason
+            async for output in engine.generate(PROMPTS[1], params):
+                reason = output.finish_reason
+                if output.token_ids and len(output.token_ids) == 2:
+                    asyncio.get_running_loop().create_task(engine.stop())
+
+        await asyncio.wait_for(consume(), timeout=30)
+        return reason
+
+    assert asyncio.run(main()) == "abort"
