@@ -77,14 +77,14 @@ def test_prompts_cover_lengths_and_chat(prompts: list[list[int]]) -> None:
     [
         pytest.param({}, id="one_batch"),
         pytest.param({"max_num_batched_tokens": 16, "max_num_seqs": 4}, id="chunked_prefill"),
-        pytest.param({"pool_bytes": 24 * PAGE_BYTES, "max_num_seqs": 9}, id="preemption"),
+        pytest.param({"pool_bytes": 12 * PAGE_BYTES, "max_num_seqs": 9}, id="preemption"),
     ],
 )
 def test_greedy_matches_transformers(model_folder, prompts, reference, overrides) -> None:
     engine = make_engine(model_folder, **{"pool_bytes": POOL_BYTES, **overrides})
     assert _run(engine, prompts) == reference
     if "pool_bytes" in overrides:
-        assert engine.stats().num_preemptions > 0, "24 pages for 9 prompts were meant to force preemption"
+        assert engine.stats().num_preemptions > 0, "12 pages for 9 prompts were meant to force preemption"
 
 
 def test_prefix_cache_hits_keep_greedy_output(model_folder, prompts, reference) -> None:
