@@ -49,8 +49,13 @@ def _models_path(args: argparse.Namespace, settings: Settings) -> int:
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here: the engine (and torch) load only for commands that run it.
     from app.demo import run_demo
+    from engine.errors import EngineError
 
-    run_demo(settings)
+    try:
+        run_demo(settings)
+    except EngineError as exc:
+        print(f"loraplex: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

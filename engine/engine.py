@@ -137,7 +137,7 @@ class Engine:
         self._totals["preemptions"] += len(scheduled.preempted_ids)
         if scheduled.is_empty:
             return []
-        batch = build_step_batch(scheduled, self.pool.block_size, self.device)
+        batch = build_step_batch(scheduled, self.pool.block_size, self.device, self.dtype)
         logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
         return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
 

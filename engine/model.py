@@ -9,6 +9,7 @@ from engine.rope import RotaryEmbedding
 from engine.step_batch import StepBatch
 from engine.weights import LayerWeights, ModelWeights
 from kernels.kv_write import write_kv
+from kernels.linear import linear
 from kernels.paged_attention import paged_attention
 
 
@@ -38,7 +39,7 @@ class LlamaModel:
             x = self._layer(x, layer, pool.kv_layer(index), batch)
         x = x[batch.logits_indices]  # [num_sampled, hidden]
         x = rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
+        return linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
 
     def _layer(
         self, x: torch.Tensor, w: LayerWeights, kv_cache: torch.Tensor, batch: StepBatch
@@ -46,7 +47,7 @@ class LlamaModel:
         cfg = self.config
         num_tokens = x.shape[0]
         h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
-        qkv = F.linear(h, w.qkv, w.qkv_bias)  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        qkv = linear(h, w.qkv)  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
         q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
@@ -54,7 +55,7 @@ class LlamaModel:
         q, k = self.rope(q, k, batch.positions)
         write_kv(kv_cache, k, v, batch.slot_mapping)
         attn = paged_attention(q.contiguous(), kv_cache, batch.attention, self.scale)  # [num_tokens, heads, D]
-        x = x + F.linear(attn.view(num_tokens, self._q_size), w.o)  # [num_tokens, hidden]
+        x = x + linear(attn.view(num_tokens, self._q_size), w.o)  # [num_tokens, hidden]
         h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
-        gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
-        return x + F.linear(F.silu(gate) * up, w.down)  # [num_tokens, hidden]
+        gate, up = linear(h, w.gate_up).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
+        return x + linear(F.silu(gate) * up, w.down)  # [num_tokens, hidden]

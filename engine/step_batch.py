@@ -1,12 +1,13 @@
 """Per-step metadata: which token goes where, built once per step and passed to every layer."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from kernels.attention_metadata import PagedAttentionMetadata
+from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +26,14 @@ class StepBatch:
         return self.input_ids.shape[0]
 
 
-def build_step_batch(output: SchedulerOutput, block_size: int, device: torch.device) -> StepBatch:
+def build_step_batch(
+    output: SchedulerOutput, block_size: int, device: torch.device, dtype: torch.dtype
+) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them)."""
-    items = sorted(output.scheduled, key=lambda item: item.num_new_tokens != 1)
+    # Decode rows first, shortest context first, so the CPU attention's buckets pad little.
+    items = sorted(
+        output.scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
+    )
     num_decode = sum(item.num_new_tokens == 1 for item in items)
     input_ids: list[int] = []
     positions: list[int] = []
@@ -69,6 +75,10 @@ def build_step_batch(output: SchedulerOutput, block_size: int, device: torch.dev
         query_start_loc_list=tuple(query_start_loc),
         seq_lens_list=tuple(seq_lens),
     )
+    if device.type == "cpu":
+        attention = dataclasses.replace(attention, decode_buckets=plan_decode_buckets(
+            attention.seq_lens_list, attention.block_tables, num_decode, block_size, dtype
+        ))
     return StepBatch(
         input_ids=tensor(input_ids),  # [num_tokens]
         positions=tensor(positions),  # [num_tokens]

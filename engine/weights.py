@@ -8,17 +8,17 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import ConfigError
+from kernels.linear import LinearWeight
 
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden], q, k, v stacked
-    qkv_bias: torch.Tensor | None  # [(num_heads + 2 * num_kv_heads) * head_dim]
-    o: torch.Tensor  # [hidden, num_heads * head_dim]
+    qkv: LinearWeight  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden], q, k, v stacked (+ bias)
+    o: LinearWeight  # [hidden, num_heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden], gate then up
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: LinearWeight  # [2 * intermediate, hidden], gate then up
+    down: LinearWeight  # [hidden, intermediate]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: tuple[LayerWeights, ...]
     final_norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+    lm_head: LinearWeight  # [vocab, hidden]; a copy of the embedding when tied
 
 
 def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
@@ -52,15 +52,15 @@ def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: 
         prefix = f"model.layers.{index}."
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         biases = [optional(attn + f"{proj}_proj.bias") for proj in "qkv"]
+        qkv_bias = torch.cat(biases) if all(b is not None for b in biases) else None
         layers.append(
             LayerWeights(
                 input_norm=take(prefix + "input_layernorm.weight"),
-                qkv=torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]).contiguous(),
-                qkv_bias=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
-                o=take(attn + "o_proj.weight"),
+                qkv=LinearWeight.prepare(torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]), qkv_bias),
+                o=LinearWeight.prepare(take(attn + "o_proj.weight")),
                 post_norm=take(prefix + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")]).contiguous(),
-                down=take(mlp + "down_proj.weight"),
+                gate_up=LinearWeight.prepare(torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])),
+                down=LinearWeight.prepare(take(mlp + "down_proj.weight")),
             )
         )
     embed = take("model.embed_tokens.weight")
@@ -69,4 +69,6 @@ def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: 
         if not config.tie_word_embeddings:
             raise ConfigError(f"{folder} has no lm_head.weight and its config does not tie embeddings")
         lm_head = embed
-    return ModelWeights(embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=lm_head)
+    return ModelWeights(
+        embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=LinearWeight.prepare(lm_head)
+    )

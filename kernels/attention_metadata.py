@@ -1,5 +1,6 @@
 """Where each sequence's queries and keys live for one step: built once per step, read by every layer."""
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ class PagedAttentionMetadata:
     max_seq_len: int
     query_start_loc_list: tuple[int, ...]  # the same as query_start_loc, on the host
     seq_lens_list: tuple[int, ...]  # the same as seq_lens, on the host
+    decode_buckets: tuple["DecodeBucket", ...] = ()  # the CPU implementation's plan; empty: plan per call
 
     @property
     def num_seqs(self) -> int:
@@ -36,3 +38,49 @@ class PagedAttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return self.query_start_loc_list[-1]
+
+
+# A bucket per this many decode rows at most: fewer buckets pad more keys, more buckets cost more calls.
+MAX_DECODE_BUCKETS = 4
+MIN_ROWS_PER_BUCKET = 8
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBucket:
+    """Decode rows ``start:end`` attended together, their keys padded to the longest of them."""
+
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [end - start, num_blocks] int32
+    mask: torch.Tensor  # [end - start, 1, 1, num_blocks * block_size], 0 for a key, -inf for padding
+
+
+def plan_decode_buckets(
+    seq_lens: tuple[int, ...],
+    block_tables: torch.Tensor,
+    num_decode_seqs: int,
+    block_size: int,
+    dtype: torch.dtype,
+) -> tuple[DecodeBucket, ...]:
+    """Split the decode rows into up to MAX_DECODE_BUCKETS runs of equal count.
+
+    Rows sorted by context length (the engine sorts them) make each run's padding small; the plan is
+    built once per step and serves every layer.
+    """
+    if not num_decode_seqs:
+        return ()
+    num_buckets = max(1, min(MAX_DECODE_BUCKETS, num_decode_seqs // MIN_ROWS_PER_BUCKET))
+    bounds = [round(i * num_decode_seqs / num_buckets) for i in range(num_buckets + 1)]
+    buckets = []
+    for start, end in itertools.pairwise(bounds):
+        lens = torch.tensor(seq_lens[start:end], device=block_tables.device)  # [rows]
+        num_blocks = -(-int(lens.max()) // block_size)
+        key_pos = torch.arange(num_blocks * block_size, device=block_tables.device)  # [keys]
+        padding = key_pos[None, :] >= lens[:, None]  # [rows, keys]
+        mask = torch.zeros(padding.shape, dtype=dtype, device=block_tables.device).masked_fill_(
+            padding, float("-inf")
+        )  # [rows, keys]
+        buckets.append(
+            DecodeBucket(start, end, block_tables[start:end, :num_blocks].contiguous(), mask[:, None, None, :])
+        )
+    return tuple(buckets)

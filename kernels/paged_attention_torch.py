@@ -1,15 +1,17 @@
 """Paged attention in plain torch: the implementation the engine runs on CPU.
 
-Decode rows (one query per sequence) are batched: their pages are gathered once per layer with
-``index_select`` (rows of a page are contiguous, so this runs near memory-copy speed) and attended in one
-``scaled_dot_product_attention`` call with a length mask. Prefill chunks, a few per step, go one sequence
+Decode rows (one query per sequence) are batched in a few buckets of similar context length (the
+plan is made once per step): each bucket's pages are gathered once per layer with ``index_select``
+(the rows of a page are contiguous, so this runs near memory-copy speed) and attended in one
+``scaled_dot_product_attention`` call with a length mask. Buckets keep the padding, which costs as much
+as real keys, small. Prefill chunks, a few per step, go one sequence
 at a time with a causal mask shifted by the cached context.
 """
 
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_metadata import PagedAttentionMetadata
+from kernels.attention_metadata import DecodeBucket, PagedAttentionMetadata, plan_decode_buckets
 
 
 def paged_attention_torch(
@@ -20,15 +22,13 @@ def paged_attention_torch(
 ) -> torch.Tensor:
     """Torch implementation of :func:`kernels.paged_attention.paged_attention` (same semantics)."""
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-    num_decode = meta.num_decode_seqs
-    if num_decode:
-        decode_lens = meta.seq_lens_list[:num_decode]
-        out[:num_decode] = _decode(
-            q[:num_decode], kv_cache, meta.block_tables[:num_decode], meta.seq_lens[:num_decode],
-            max(decode_lens), scale,
-        )
+    buckets = meta.decode_buckets or plan_decode_buckets(
+        meta.seq_lens_list, meta.block_tables, meta.num_decode_seqs, kv_cache.shape[2], q.dtype
+    )
+    for bucket in buckets:
+        out[bucket.start:bucket.end] = _decode(q[bucket.start:bucket.end], kv_cache, bucket, scale)
     starts = meta.query_start_loc_list
-    for seq in range(num_decode, meta.num_seqs):
+    for seq in range(meta.num_decode_seqs, meta.num_seqs):
         start, end = starts[seq], starts[seq + 1]
         out[start:end] = _prefill(
             q[start:end], kv_cache, meta.block_tables[seq], meta.seq_lens_list[seq], scale
@@ -45,30 +45,23 @@ def _gather(kv_cache: torch.Tensor, kv_index: int, page_ids: torch.Tensor) -> to
 
 
 def _decode(
-    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    q: torch.Tensor,  # [rows, num_heads, head_dim]
     kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [num_seqs, max_num_blocks]
-    seq_lens: torch.Tensor,  # [num_seqs]
-    max_seq_len: int,
+    bucket: DecodeBucket,
     scale: float,
 ) -> torch.Tensor:
-    num_seqs, num_heads, head_dim = q.shape
-    block_size = kv_cache.shape[2]
-    num_blocks = -(-max_seq_len // block_size)
-    page_ids = block_tables[:, :num_blocks]  # [num_seqs, num_blocks]
-    k = _gather(kv_cache, 0, page_ids).transpose(1, 2)  # [num_seqs, kv_heads, num_blocks * block_size, D]
-    v = _gather(kv_cache, 1, page_ids).transpose(1, 2)  # [num_seqs, kv_heads, num_blocks * block_size, D]
-    key_pos = torch.arange(num_blocks * block_size, device=q.device)  # [num_blocks * block_size]
-    visible = key_pos[None, :] < seq_lens[:, None]  # [num_seqs, num_blocks * block_size]
+    rows, num_heads, head_dim = q.shape
+    k = _gather(kv_cache, 0, bucket.block_tables).transpose(1, 2)  # [rows, kv_heads, keys, head_dim]
+    v = _gather(kv_cache, 1, bucket.block_tables).transpose(1, 2)  # [rows, kv_heads, keys, head_dim]
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [num_seqs, num_heads, 1, head_dim]
+        q.unsqueeze(2),  # [rows, num_heads, 1, head_dim]
         k,
         v,
-        attn_mask=visible[:, None, None, :],  # [num_seqs, 1, 1, num_blocks * block_size]
+        attn_mask=bucket.mask,  # [rows, 1, 1, keys]; an additive float mask runs faster than a boolean one
         scale=scale,
         enable_gqa=True,
-    )  # [num_seqs, num_heads, 1, head_dim]
-    return out.view(num_seqs, num_heads, head_dim)
+    )  # [rows, num_heads, 1, head_dim]
+    return out.view(rows, num_heads, head_dim)
 
 
 def _prefill(
