@@ -83,6 +83,7 @@ class ModelConfig:
     attention_bias: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    sliding_window: int | None
     eos_token_ids: tuple[int, ...]
     raw: dict = field(repr=False, compare=False)
 
@@ -119,9 +120,17 @@ class ModelConfig:
             attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
             eos_token_ids=eos_ids,
             raw=raw,
         )
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence served exactly: attention here is full, so a sliding window caps the context."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
 
     @property
     def widest_row(self) -> int:

@@ -38,7 +38,7 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         weights = load_weights(folder, self.model_config, self.dtype, self.device)
-        self.max_model_len = self.model_config.max_position_embeddings
+        self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len)
         self.pool = self._make_pool()
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)

@@ -21,6 +21,11 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 
 
+@pytest.fixture(scope="session")
+def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral")
+
+
 def make_engine(folder: Path, **overrides) -> Engine:
     overrides.setdefault("pool_bytes", 8 * 1024**2)
     return Engine(EngineConfig(model=str(folder), **overrides))

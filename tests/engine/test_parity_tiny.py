@@ -1,4 +1,4 @@
-"""The engine's greedy tokens equal transformers' on tiny random Llama and Qwen2 models."""
+"""The engine's greedy tokens equal transformers' on tiny random Llama, Qwen2 and Mistral models."""
 
 import random
 from pathlib import Path
@@ -42,7 +42,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_matches_transformers(model_type: str, case: str, request: pytest.FixtureRequest) -> None:
     folder = request.getfixturevalue(f"tiny_{model_type}")

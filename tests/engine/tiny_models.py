@@ -7,6 +7,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -40,7 +42,7 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tiny_model(folder: Path, model_type: str = "llama", seed: int = 0) -> Path:
-    """Write a random ``llama`` or ``qwen2`` model (2 layers, GQA 4:2) and its tokenizer to ``folder``."""
+    """Write a random ``llama``, ``qwen2`` or ``mistral`` model (2 layers, GQA 4:2) and its tokenizer to ``folder``."""
     tokenizer = _tokenizer()
     common = dict(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -56,6 +58,8 @@ def make_tiny_model(folder: Path, model_type: str = "llama", seed: int = 0) -> P
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, INIT_STD)
+    elif model_type == "mistral":
+        model = MistralForCausalLM(MistralConfig(rms_norm_eps=1e-6, sliding_window=None, **common))
     else:
         raise ValueError(f"unknown tiny model type {model_type!r}")
     model.save_pretrained(folder)
