@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestError
+from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
@@ -34,8 +35,10 @@ class Engine:
         self.model_config = ModelConfig.from_folder(folder)
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)
-        if config.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
+        if self.device.type == "cpu":
+            keep_large_buffers_in_heap()
+            if config.num_threads:
+                torch.set_num_threads(config.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         weights = load_weights(folder, self.model_config, self.dtype, self.device)
         self.max_model_len = self.model_config.max_model_len

@@ -8,7 +8,7 @@ from engine.page_pool import PagePool
 from engine.rope import RotaryEmbedding
 from engine.step_batch import StepBatch
 from engine.weights import LayerWeights, ModelWeights
-from kernels.kv_write import write_kv
+from kernels.kv_write import kv_row_index, write_kv
 from kernels.linear import linear
 from kernels.paged_attention import paged_attention
 
@@ -17,7 +17,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, as Hugging Face's Llama does."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [num_tokens, hidden]
-    return weight * x32.to(x.dtype)
+    return weight * x32.to(x.dtype)  # [num_tokens, hidden]
 
 
 class LlamaModel:
@@ -35,14 +35,21 @@ class LlamaModel:
     def forward(self, batch: StepBatch, pool: PagePool) -> torch.Tensor:
         """Logits of the rows in ``batch.logits_indices``: [num_sampled, vocab] in fp32."""
         x = self.weights.embed[batch.input_ids]  # [num_tokens, hidden]
+        kv_rows = kv_row_index(batch.slot_mapping, len(self.weights.layers), pool.block_size)  # [num_tokens]
         for index, layer in enumerate(self.weights.layers):
-            x = self._layer(x, layer, pool.kv_layer(index), batch)
+            x = self._layer(x, layer, index, pool, kv_rows, batch)
         x = x[batch.logits_indices]  # [num_sampled, hidden]
         x = rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps)
         return linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
 
     def _layer(
-        self, x: torch.Tensor, w: LayerWeights, kv_cache: torch.Tensor, batch: StepBatch
+        self,
+        x: torch.Tensor,
+        w: LayerWeights,
+        index: int,
+        pool: PagePool,
+        kv_rows: torch.Tensor,
+        batch: StepBatch,
     ) -> torch.Tensor:
         cfg = self.config
         num_tokens = x.shape[0]
@@ -53,9 +60,11 @@ class LlamaModel:
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
         q, k = self.rope(q, k, batch.positions)
-        write_kv(kv_cache, k, v, batch.slot_mapping)
+        write_kv(pool.storage, index, k, v, kv_rows)
+        kv_cache = pool.kv_layer(index)  # [num_pages, 2, block_size, kv_heads, head_dim]
         attn = paged_attention(q.contiguous(), kv_cache, batch.attention, self.scale)  # [num_tokens, heads, D]
         x = x + linear(attn.view(num_tokens, self._q_size), w.o)  # [num_tokens, hidden]
         h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
         gate, up = linear(h, w.gate_up).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
-        return x + linear(F.silu(gate) * up, w.down)  # [num_tokens, hidden]
+        act = F.silu(gate).mul_(up)  # [num_tokens, intermediate]
+        return x + linear(act, w.down)  # [num_tokens, hidden]
