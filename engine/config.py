@@ -12,6 +12,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 MIN_BLOCK_SIZE = 16  # tokens per KV page; smaller pages make the gather index longer for no gain
 DEFAULT_CPU_POOL_BYTES = 2 * 1024**3  # room for ~46k tokens of SmolLM2's KV in fp32
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights are loaded
+DEFAULT_HOST_ADAPTER_BYTES = 4 * 1024**3  # about 400 rank-16 all-linear adapters of SmolLM2
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class EngineConfig:
     """Reuse the KV of full blocks whose token chain was computed before."""
     num_threads: int | None = None
     """torch intra-op threads on CPU; None keeps torch's default."""
+    max_host_adapter_bytes: int = DEFAULT_HOST_ADAPTER_BYTES
+    """Host-memory cache of validated adapters; beyond it the least recently used are re-read from disk."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from engine.adapter_cache import AdapterCache
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import RequestError
@@ -45,7 +46,8 @@ class Engine:
         self.model = LlamaModel(self.model_config, weights, self.max_model_len)
         self.pool = self._make_pool()
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
+        self.scheduler = Scheduler(self.kv, self.adapters, config.max_num_seqs, config.max_num_batched_tokens)
         self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         )
@@ -76,6 +78,24 @@ class Engine:
             self.dtype, self.device,
         )
 
+    # Adapters -------------------------------------------------------------------------------------
+
+    def add_adapter(self, name: str, path: str | Path) -> str:
+        """Validate a PEFT LoRA folder and register it as ``name``; returns its content digest.
+
+        Re-adding a name replaces the adapter (refused while unfinished requests use it); the new
+        version never reuses KV computed with the old one, since its digest is part of every block hash.
+        """
+        return self.adapters.add(name, Path(path)).digest
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget an adapter and free its pages; refused (AdapterBusyError) while requests use it."""
+        self.adapters.remove(name)
+
+    def pin_adapter(self, name: str, pinned: bool = True) -> None:
+        """Keep an adapter resident in the pool (never evicted), or unpin it."""
+        self.adapters.pin(name, pinned)
+
     # Requests -------------------------------------------------------------------------------------
 
     def add_request(
@@ -86,8 +106,7 @@ class Engine:
         adapter: str | None = None,
     ) -> str:
         """Queue a request (text, or token ids) and return its id."""
-        if adapter is not None:
-            raise RequestError(f"unknown adapter {adapter!r}: no adapter has been added to this engine")
+        entry = self.adapters.get(adapter) if adapter is not None else None
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise RequestError("the prompt is empty; send at least one token")
@@ -111,7 +130,10 @@ class Engine:
             params=params,
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
             eos_token_ids=self._eos_ids,
+            adapter=entry,
         )
+        if entry is not None:
+            entry.num_requests += 1
         self._requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -121,8 +143,14 @@ class Engine:
         seq = self._requests.pop(request_id, None)
         if seq is None:
             return None
-        self.scheduler.finish(seq, FinishReason.ABORT)
+        self._finish(seq, FinishReason.ABORT)
         return RequestOutput.of(seq, [], seq.detokenizer.flush())
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        self._requests.pop(seq.request_id, None)
+        if seq.adapter is not None:
+            seq.adapter.num_requests -= 1
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -140,7 +168,7 @@ class Engine:
         self._totals["preemptions"] += len(scheduled.preempted_ids)
         if scheduled.is_empty:
             return []
-        batch = build_step_batch(scheduled, self.pool.block_size, self.device, self.dtype)
+        batch = build_step_batch(scheduled, self.pool, self.model_config, self.device)
         logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
         return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
 
@@ -156,8 +184,7 @@ class Engine:
             self._totals["generated"] += 1
             delta = seq.append_token(token_id)
             if seq.finish_reason is not None:
-                self.scheduler.finish(seq, seq.finish_reason)
-                del self._requests[seq.request_id]
+                self._finish(seq, seq.finish_reason)
             outputs.append(RequestOutput.of(seq, [token_id], delta))
         return outputs
 
@@ -195,7 +222,7 @@ class Engine:
             pages_by_owner=pool.pages_by_owner,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            num_resident_adapters=0,
+            num_resident_adapters=self.adapters.num_resident,
             num_preemptions=self._totals["preemptions"],
             num_prompt_tokens=self._totals["prompt"],
             num_cached_prompt_tokens=self._totals["cached"],

@@ -19,3 +19,31 @@ class PoolExhaustedError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine's step loop stopped after an unexpected error; no more requests are accepted."""
+
+
+class AdapterError(EngineError):
+    """A LoRA adapter cannot be loaded; the message names the file, setting or tensor at fault."""
+
+
+class AdapterNotFoundError(AdapterError):
+    """The adapter folder, or one of the files a PEFT LoRA folder must hold, is missing."""
+
+
+class AdapterFormatError(AdapterError):
+    """The adapter's files are unreadable or inconsistent: bad JSON, pickled or corrupt weights, bad tensors."""
+
+
+class UnsupportedAdapterError(AdapterError):
+    """The adapter uses a PEFT feature the engine does not serve (DoRA, biases, embedding LoRA, …)."""
+
+
+class AdapterMismatchError(AdapterError):
+    """The adapter was made for a different base model: its modules or tensor shapes do not fit this one."""
+
+
+class AdapterBusyError(AdapterError):
+    """The adapter cannot be removed or replaced while requests use it."""
+
+
+class UnknownAdapterError(AdapterError, RequestError):
+    """A request or call names an adapter that was never added (or was removed)."""

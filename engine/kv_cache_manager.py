@@ -90,4 +90,5 @@ class KVCacheManager:
         for index in range(len(seq.block_hashes), num_blocks):
             parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
             tokens = seq.token_ids[index * size:(index + 1) * size]
-            seq.block_hashes.append(block_hash(parent, tokens))
+            digest = seq.adapter.digest_bytes if seq.adapter is not None else b""
+            seq.block_hashes.append(block_hash(parent, tokens, digest))

@@ -55,6 +55,9 @@ class LlamaModel:
         num_tokens = x.shape[0]
         h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
         qkv = linear(h, w.qkv)  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        lora = batch.lora
+        if lora is not None:
+            lora.apply("qkv", h, qkv, index, pool.storage)
         q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
         q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
         k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
@@ -63,8 +66,18 @@ class LlamaModel:
         write_kv(pool.storage, index, k, v, kv_rows)
         kv_cache = pool.kv_layer(index)  # [num_pages, 2, block_size, kv_heads, head_dim]
         attn = paged_attention(q.contiguous(), kv_cache, batch.attention, self.scale)  # [num_tokens, heads, D]
-        x = x + linear(attn.view(num_tokens, self._q_size), w.o)  # [num_tokens, hidden]
+        attn = attn.view(num_tokens, self._q_size)  # [num_tokens, heads * head_dim]
+        o = linear(attn, w.o)  # [num_tokens, hidden]
+        if lora is not None:
+            lora.apply("o", attn, o, index, pool.storage)
+        x = x + o  # [num_tokens, hidden]
         h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)  # [num_tokens, hidden]
-        gate, up = linear(h, w.gate_up).chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
+        gate_up = linear(h, w.gate_up)  # [num_tokens, 2 * intermediate]
+        if lora is not None:
+            lora.apply("gate_up", h, gate_up, index, pool.storage)
+        gate, up = gate_up.chunk(2, dim=-1)  # 2 x [num_tokens, intermediate]
         act = F.silu(gate).mul_(up)  # [num_tokens, intermediate]
-        return x + linear(act, w.down)  # [num_tokens, hidden]
+        down = linear(act, w.down)  # [num_tokens, hidden]
+        if lora is not None:
+            lora.apply("down", act, down, index, pool.storage)
+        return x + down  # [num_tokens, hidden]

@@ -3,6 +3,7 @@
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -32,6 +33,14 @@ class PoolStats:
     pages_by_owner: dict[str, int]
 
 
+class Reclaimer(Protocol):
+    """Owner of pages the pool may take back under pressure (the adapter cache's idle adapters)."""
+
+    def reclaimable_pages(self) -> int: ...
+
+    def reclaim(self, num_pages: int) -> int: ...
+
+
 class PagePool:
     """Every page of the engine, with one free list.
 
@@ -39,7 +48,8 @@ class PagePool:
     ``storage[p, l]`` viewed as ``[2, block_size, num_kv_heads, head_dim]`` holds layer ``l``'s K and V.
 
     Pressure order when a page is needed: free pages first, then cached prefix blocks with no user,
-    least recently used first (their hash is dropped); adapters and preemption are the callers' moves.
+    least recently used first (their hash is dropped), then idle adapters through the ``reclaimer``
+    (least recently used first); preempting a running sequence is the scheduler's move after that.
     Both lists are ordered dicts, so a cached block leaves the middle of its list in O(1) on a hit.
     """
 
@@ -64,6 +74,7 @@ class PagePool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self._cached: OrderedDict[int, None] = OrderedDict()  # evictable prefix blocks, oldest first
         self._hash_to_page: dict[bytes, int] = {}
+        self.reclaimer: Reclaimer | None = None
 
     @property
     def num_pages(self) -> int:
@@ -71,8 +82,9 @@ class PagePool:
 
     @property
     def num_allocatable(self) -> int:
-        """Pages that can be handed out now: free ones and evictable cached prefix blocks."""
-        return len(self._free) + len(self._cached)
+        """Pages that can be handed out now: free ones, evictable cached prefix blocks, idle adapters'."""
+        reclaimable = self.reclaimer.reclaimable_pages() if self.reclaimer is not None else 0
+        return len(self._free) + len(self._cached) + reclaimable
 
     def kv_layer(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s view of every page as a KV block: [num_pages, 2, block_size, kv_heads, head_dim]."""
@@ -89,6 +101,9 @@ class PagePool:
             raise PoolExhaustedError(
                 f"asked for {num_pages} pages but only {self.num_allocatable} can be freed"
             )
+        shortfall = num_pages - len(self._free) - len(self._cached)
+        if shortfall > 0 and self.reclaimer is not None:
+            self.reclaimer.reclaim(shortfall)
         page_ids = []
         for _ in range(num_pages):
             if self._free:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from engine.adapter_cache import AdapterCache
 from engine.kv_cache_manager import KVCacheManager
 from engine.request_queue import FifoQueue
 from engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -35,13 +36,18 @@ class Scheduler:
     Running sequences go first, in admission order: each decodes one token, or takes the next chunk
     of its prompt as far as the budget allows (chunked prefill, so a long prompt never stalls the
     others). What is left of the budget admits waiting sequences in the queue's order, each only when
-    the pool has pages for its first chunk (after prefix-cache hits). When a running sequence needs a
-    page and none is left, the most recently admitted sequence is preempted: its pages are freed and it
+    its adapter is resident (or can be loaded now) and the pool has pages for its first chunk (after
+    prefix-cache hits); a sequence whose adapter cannot be loaded yet is passed over, so it never holds
+    up requests for other adapters. When a running sequence needs a page and none is left, the most
+    recently admitted sequence is preempted: its pages are freed, its adapter reference dropped, and it
     will be recomputed from its tokens later. The scheduler never touches tensors.
     """
 
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, kv: KVCacheManager, adapters: AdapterCache, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> None:
         self.kv = kv
+        self.adapters = adapters
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting = FifoQueue()
@@ -77,26 +83,38 @@ class Scheduler:
         return SchedulerOutput(tuple(scheduled), tuple(preempted), self.max_num_batched_tokens - budget)
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
-        while self.waiting and budget and len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
+        for seq in list(self.waiting):
+            if not budget or len(self.running) >= self.max_num_seqs:
+                break
+            if seq.adapter is not None and not seq.holds_adapter:
+                if not self.adapters.acquire(seq.adapter):
+                    continue  # its adapter does not fit now; others may still run
+                seq.holds_adapter = True
             is_first_admission = seq.num_preemptions == 0
             num_cached = self.kv.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.allocate_slots(seq, num_new):
                 self.kv.free(seq)
                 seq.num_computed_tokens = 0
+                self._release_adapter(seq)
                 break
             if is_first_admission:
                 seq.num_cached_tokens = num_cached
-            self.waiting.pop()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
         return budget
 
+    def _release_adapter(self, seq: Sequence) -> None:
+        if seq.holds_adapter:
+            self.adapters.release(seq.adapter)
+            seq.holds_adapter = False
+
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
+        self._release_adapter(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
@@ -115,5 +133,6 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.kv.free(seq)
+        self._release_adapter(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason

@@ -3,11 +3,15 @@
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.adapter_cache import AdapterEntry
 
 
 class SequenceStatus(enum.Enum):
@@ -31,7 +35,8 @@ class Sequence:
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
     eos_token_ids: frozenset[int]
-    tenant: str | None = None
+    adapter: "AdapterEntry | None" = None  # None: the base model
+    holds_adapter: bool = False  # counted in the adapter's running sequences (it is resident for us)
     token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V is in this sequence's pages

@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import ModelConfig
+from engine.lora_batch import LoraStep, build_lora_step
+from engine.page_pool import PagePool
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
@@ -20,6 +23,7 @@ class StepBatch:
     attention: PagedAttentionMetadata
     logits_indices: torch.Tensor  # [num_sampled] int64, the rows whose next token is sampled
     sampled_seqs: tuple[Sequence, ...]  # in the order of logits_indices
+    lora: LoraStep | None  # None when no token of the step uses an adapter
 
     @property
     def num_tokens(self) -> int:
@@ -27,10 +31,11 @@ class StepBatch:
 
 
 def build_step_batch(
-    output: SchedulerOutput, block_size: int, device: torch.device, dtype: torch.dtype
+    output: SchedulerOutput, pool: PagePool, model: ModelConfig, device: torch.device
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them)."""
     # Decode rows first, shortest context first, so the CPU attention's buckets pad little.
+    block_size = pool.block_size
     items = sorted(
         output.scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
     )
@@ -77,8 +82,9 @@ def build_step_batch(
     )
     if device.type == "cpu":
         attention = dataclasses.replace(attention, decode_buckets=plan_decode_buckets(
-            attention.seq_lens_list, attention.block_tables, num_decode, block_size, dtype
+            attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
         ))
+    runs = [(item.num_new_tokens, item.seq.adapter) for item in items]
     return StepBatch(
         input_ids=tensor(input_ids),  # [num_tokens]
         positions=tensor(positions),  # [num_tokens]
@@ -86,5 +92,6 @@ def build_step_batch(
         attention=attention,
         logits_indices=tensor(logits_indices),  # [num_sampled]
         sampled_seqs=tuple(sampled),
+        lora=build_lora_step(runs, model, pool.storage),
     )
 

@@ -1,0 +1,108 @@
+"""Per-step LoRA metadata: which rows of which adapters each run of tokens reads, per projection group.
+
+The step's tokens keep the order the attention wants; consecutive tokens with the same adapter form
+one SGMV segment. Projections that share an input go in one launch: q/k/v, o, gate/up, down.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.adapter_cache import AdapterEntry
+from engine.config import ModelConfig
+from engine.lora_config import projection_shapes
+from kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
+from kernels.sgmv_expand import sgmv_expand
+from kernels.sgmv_shrink import sgmv_shrink
+from kernels.sgmv_torch import SgmvTorchPlan, plan_sgmv_torch
+
+MODULE_GROUPS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LoraGroup:
+    meta: SgmvMetadata
+    plan: SgmvTorchPlan | None  # the CPU implementation's plan; None on CUDA
+
+
+@dataclass(frozen=True, slots=True)
+class LoraStep:
+    """The step's SGMV tables for each projection group that any of its adapters targets."""
+
+    groups: dict[str, LoraGroup]
+    page_elems: int
+
+    def apply(self, name: str, x: torch.Tensor, y: torch.Tensor, layer: int, storage: torch.Tensor) -> None:
+        """``y += x @ A.T @ B.T`` per token with its adapter's rows of ``layer``, for group ``name``."""
+        group = self.groups.get(name)
+        if group is None:
+            return
+        offset = layer * self.page_elems
+        v = sgmv_shrink(x, storage, group.meta, offset, plan=group.plan)  # [num_tokens, v_width]
+        sgmv_expand(v, storage, group.meta, offset, y, plan=group.plan)
+
+
+def build_lora_step(
+    runs: list[tuple[int, AdapterEntry | None]],
+    model: ModelConfig,
+    storage: torch.Tensor,
+) -> LoraStep | None:
+    """Tables for the step's token runs (``(num_tokens, adapter)`` in token order); None without adapters."""
+    if all(entry is None for _, entry in runs):
+        return None
+    segments = _merge_runs(runs)
+    shapes = projection_shapes(model)
+    groups = {}
+    for name, modules in MODULE_GROUPS.items():
+        row_addr: list[int] = []
+        starts: dict[int, dict[str, ModuleRows]] = {}
+        specs = []
+        for num_tokens, entry in segments:
+            if entry is None or not any(m in entry.modules for m in modules):
+                specs.append((num_tokens, None))
+                continue
+            if id(entry) not in starts:
+                starts[id(entry)] = _append_rows(entry, modules, row_addr)
+            rows = starts[id(entry)]
+            specs.append((num_tokens, [rows.get(m) for m in modules]))
+        if not row_addr:
+            continue
+        in_dim = shapes[modules[0]][0]
+        meta = build_sgmv_metadata(
+            specs, row_addr, in_dim, [shapes[m][1] for m in modules], device=storage.device
+        )
+        plan = plan_sgmv_torch(storage, meta) if storage.device.type == "cpu" else None
+        groups[name] = LoraGroup(meta, plan)
+    return LoraStep(groups, storage.shape[2])
+
+
+def _merge_runs(runs: list[tuple[int, AdapterEntry | None]]) -> list[tuple[int, AdapterEntry | None]]:
+    merged: list[tuple[int, AdapterEntry | None]] = []
+    for num_tokens, entry in runs:
+        if merged and merged[-1][1] is entry:
+            merged[-1] = (merged[-1][0] + num_tokens, entry)
+        else:
+            merged.append((num_tokens, entry))
+    return merged
+
+
+def _append_rows(entry: AdapterEntry, modules: tuple[str, ...], row_addr: list[int]) -> dict[str, ModuleRows]:
+    """Append the adapter's A and Bᵀ rows of ``modules`` to the group's row table; where each starts."""
+    assert entry.row_addr is not None, f"adapter {entry.name} is not resident"
+    addresses = entry.row_addr_list
+    rows = {}
+    for module in modules:
+        if module not in entry.modules:
+            continue
+        a, b = entry.layout.group(module, "a"), entry.layout.group(module, "b")
+        start_a = len(row_addr)
+        row_addr.extend(addresses[a.first_row:a.first_row + a.num_rows])
+        start_b = len(row_addr)
+        row_addr.extend(addresses[b.first_row:b.first_row + b.num_rows])
+        rows[module] = ModuleRows(start_a, start_b, a.num_rows)
+    return rows
