@@ -156,6 +156,15 @@ def _resolve_targets(raw: dict, model: ModelConfig, source: str) -> frozenset[tu
     """The (layer, projection) pairs PEFT would wrap, rejecting targets this engine cannot or must not serve."""
     target = raw.get("target_modules")
     names = base_module_names(model)
+    exclude, layer_indexes = raw.get("exclude_modules"), raw.get("layers_to_transform")
+    if isinstance(exclude, str):
+        _compile(exclude, "exclude_modules", source)
+    elif exclude is not None and not (isinstance(exclude, list) and all(isinstance(e, str) for e in exclude)):
+        raise AdapterFormatError(f"{source}: exclude_modules must be a regex or a list of names, got {exclude!r}")
+    if layer_indexes is not None and not (isinstance(layer_indexes, int) or (
+            isinstance(layer_indexes, list) and all(isinstance(i, int) for i in layer_indexes))):
+        raise AdapterFormatError(f"{source}: layers_to_transform must be a layer index or a list of them, "
+                                 f"got {layer_indexes!r}")
     if isinstance(target, str) and target.lower() == ALL_LINEAR:
         target = [module_key(layer, m) for layer in range(model.num_layers) for m in PROJECTIONS]
     if isinstance(target, str):
