@@ -23,11 +23,5 @@ class FifoQueue:
     def push_front(self, seq: Sequence) -> None:
         self._items.appendleft(seq)
 
-    def peek(self) -> Sequence:
-        return self._items[0]
-
-    def pop(self) -> Sequence:
-        return self._items.popleft()
-
     def remove(self, seq: Sequence) -> None:
         self._items.remove(seq)
