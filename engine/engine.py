@@ -116,10 +116,12 @@ class Engine:
                 f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
                 f"model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
             )
-        if self.kv.num_blocks_for(total) > self.pool.num_pages:
+        adapter_pages = entry.layout.num_pages if entry is not None else 0
+        if self.kv.num_blocks_for(total) + adapter_pages > self.pool.num_pages:
             raise RequestError(
-                f"a request of {total} tokens cannot fit the page pool ({self.pool.num_pages} pages of "
-                f"{self.pool.block_size} tokens); lower max_tokens or give the engine more memory"
+                f"a request of {total} tokens{' and its adapter' if entry else ''} cannot fit the page pool "
+                f"({self.pool.num_pages} pages of {self.pool.block_size} tokens); lower max_tokens or give the "
+                "engine more memory"
             )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:

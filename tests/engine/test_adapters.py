@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import SamplingParams
+from engine import RequestError, SamplingParams
 from engine.errors import AdapterBusyError, UnknownAdapterError
 from engine.page_pool import OwnerKind
 from tests.engine.conftest import make_engine, run_checked
@@ -103,3 +103,14 @@ def test_pinned_adapter_stays_resident_under_pressure(tiny_llama: Path, adapters
     assert engine.adapters.get("a0").page_ids == pinned_pages
     engine.pin_adapter("a0", pinned=False)
     _generate_each(engine, ["a1", "a2"])
+
+
+def test_request_that_cannot_fit_with_its_adapter_is_refused(tiny_llama: Path, adapters: list[Path]) -> None:
+    probe = make_engine(tiny_llama)
+    probe.add_adapter("big", adapters[1])
+    adapter_pages = probe.adapters.get("big").layout.num_pages
+    engine = make_engine(tiny_llama, pool_bytes=(adapter_pages + 1) * PAGE_BYTES)
+    engine.add_adapter("big", adapters[1])
+    engine.add_request([5] * 20, PARAMS)  # 28 tokens: 2 pages, fits without the adapter
+    with pytest.raises(RequestError, match="and its adapter cannot fit"):
+        engine.add_request([5] * 20, PARAMS, adapter="big")
