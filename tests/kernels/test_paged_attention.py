@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from kernels.attention_metadata import PagedAttentionMetadata
+from kernels.attention_metadata import MAX_DECODE_BUCKETS, PagedAttentionMetadata, plan_decode_buckets
 from kernels.paged_attention import paged_attention, paged_attention_triton
+from kernels.paged_attention_torch import paged_attention_torch
 
 BLOCK_SIZE = 16
 NUM_LAYERS = 3
@@ -130,13 +131,30 @@ def test_triton_and_torch_match_float64_reference(
     assert_close(out.double(), expected, tol=1e-4, seed=seed)
 
     # The interpreter is slow, so the Triton output above is reused against the torch implementation.
-    torch_impl = pytest.importorskip("kernels.paged_attention_torch")
-    torch_out = torch_impl.paged_attention_torch(batch.q, batch.kv_cache, batch.meta, batch.scale)
+    torch_out = paged_attention_torch(batch.q, batch.kv_cache, batch.meta, batch.scale)
     dispatched = paged_attention(batch.q, batch.kv_cache, batch.meta, batch.scale)  # CPU: the torch path
 
     assert_close(torch_out.double(), expected, tol=1e-4, seed=seed)
     assert_close(out, torch_out, tol=1e-4, seed=seed)
     assert_close(dispatched, torch_out, tol=0.0, seed=seed)
+
+
+@pytest.mark.parametrize("sort_by_length", [True, False])
+def test_torch_decode_buckets_match_reference(seed: int, sort_by_length: bool):
+    """37 decode rows plus a prefill chunk: the CPU path splits the decode rows into several buckets."""
+    rng = random.Random(seed)
+    lens = [rng.randint(1, 90) for _ in range(37)]
+    if sort_by_length:
+        lens.sort()
+    batch = make_batch([(1, n) for n in lens] + [(6, 40)], 3, 3, 64, torch.float32, seed)
+    buckets = plan_decode_buckets(
+        batch.meta.seq_lens_list, batch.meta.block_tables, batch.meta.num_decode_seqs, BLOCK_SIZE, torch.float32
+    )
+    assert len(buckets) == MAX_DECODE_BUCKETS and buckets[-1].end == 37
+    planned = dataclasses.replace(batch.meta, decode_buckets=buckets)
+    expected = reference(batch)
+    assert_close(paged_attention_torch(batch.q, batch.kv_cache, planned, batch.scale).double(), expected, 1e-4, seed)
+    assert_close(paged_attention_torch(batch.q, batch.kv_cache, batch.meta, batch.scale).double(), expected, 1e-4, seed)
 
 
 def test_triton_bfloat16_close_to_reference(seed: int):
