@@ -40,7 +40,11 @@ def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Pa
         return {}
     logger.info("training the demo adapters once (about a minute on two cores) into %s", root)
     command = [sys.executable, str(TRAINING_SCRIPT), "--out", str(root), "--model", str(model_folder)]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    except subprocess.CalledProcessError as error:
+        logger.warning("training the demo adapters failed (exit %d); showing the base model only", error.returncode)
+        return {}
     return folders
 
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from engine.adapter_cache import AdapterCache
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import RequestError
+from engine.errors import PoolExhaustedError, RequestError
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
@@ -210,7 +210,13 @@ class Engine:
         ]
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(request_ids):
-            for output in self.step():
+            outputs = self.step()
+            if not outputs and not self.scheduler.running:
+                raise PoolExhaustedError(
+                    f"{len(self.scheduler.waiting)} request(s) cannot be admitted: their KV and adapters do not "
+                    "fit next to the pinned adapters; unpin adapters or give the engine more memory"
+                )
+            for output in outputs:
                 if output.finished:
                     finals[output.request_id] = output
         return [finals[request_id] for request_id in request_ids]

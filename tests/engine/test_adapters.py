@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine import RequestError, SamplingParams
-from engine.errors import AdapterBusyError, UnknownAdapterError
+from engine.errors import AdapterBusyError, PoolExhaustedError, UnknownAdapterError
 from engine.page_pool import OwnerKind
 from tests.engine.conftest import make_engine, run_checked
 from tests.engine.lora_helpers import make_peft_adapter
@@ -114,3 +114,16 @@ def test_request_that_cannot_fit_with_its_adapter_is_refused(tiny_llama: Path, a
     engine.add_request([5] * 20, PARAMS)  # 28 tokens: 2 pages, fits without the adapter
     with pytest.raises(RequestError, match="and its adapter cannot fit"):
         engine.add_request([5] * 20, PARAMS, adapter="big")
+
+
+def test_generate_reports_requests_that_pinned_adapters_keep_out(tiny_llama: Path, adapters: list[Path]) -> None:
+    probe = make_engine(tiny_llama)
+    probe.add_adapter("a1", adapters[1])
+    probe.add_adapter("a2", adapters[2])
+    pages = {name: probe.adapters.get(name).layout.num_pages for name in ("a1", "a2")}
+    engine = make_engine(tiny_llama, pool_bytes=(pages["a1"] + pages["a2"] + 1) * PAGE_BYTES)
+    engine.add_adapter("a1", adapters[1])
+    engine.add_adapter("a2", adapters[2])
+    engine.pin_adapter("a1")
+    with pytest.raises(PoolExhaustedError, match="unpin"):
+        engine.generate([[5] * 20], PARAMS, adapters=["a2"])
