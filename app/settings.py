@@ -12,6 +12,11 @@ import platformdirs
 from app.model_store import DEFAULT_MODEL_SPEC
 
 APP_NAME = "loraplex"
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the program cannot use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +29,61 @@ class Settings:
     model: str
     """Base model: "default" (SmolLM2-135M-Instruct) or a local Hugging Face model folder (LORAPLEX_MODEL)."""
 
+    database_url: str | None = None
+    """PostgreSQL to use (DATABASE_URL); None starts an embedded one in the data folder."""
+
+    migrate_on_start: bool = True
+    """Apply the Alembic migrations when the server starts (LORAPLEX_MIGRATE=0 turns it off)."""
+
+    key_secret: str | None = None
+    """Secret of the keyed hash of API keys (LORAPLEX_KEY_SECRET); None: one kept in the data folder."""
+
+    served_model_name: str | None = None
+    """Name of the base model in the API (LORAPLEX_SERVED_MODEL_NAME); None: the model folder's name."""
+
+    pool_bytes: int | None = None
+    """Bytes of the engine's page pool (LORAPLEX_POOL_MB, in MiB); None: the engine's default."""
+
+    max_num_seqs: int = 64
+    """Most sequences the engine runs at once (LORAPLEX_MAX_NUM_SEQS)."""
+
+    demo: bool = True
+    """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
         env = os.environ if environ is None else environ
         home = env.get("LORAPLEX_HOME") or platformdirs.user_data_dir(APP_NAME)
+        pool_mb = _int(env, "LORAPLEX_POOL_MB")
         return cls(
             home=Path(home).expanduser(),
             model=env.get("LORAPLEX_MODEL") or DEFAULT_MODEL_SPEC,
+            database_url=env.get("DATABASE_URL") or None,
+            migrate_on_start=_flag(env, "LORAPLEX_MIGRATE", default=True),
+            key_secret=env.get("LORAPLEX_KEY_SECRET") or None,
+            served_model_name=env.get("LORAPLEX_SERVED_MODEL_NAME") or None,
+            pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
+            max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
+            demo=_flag(env, "LORAPLEX_DEMO", default=True),
         )
+
+
+def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    value = env.get(name)
+    if not value:
+        return default
+    return value.strip().lower() not in _FALSE_WORDS
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 1:
+        raise SettingsError(f"{name} must be at least 1, got {number}")
+    return number

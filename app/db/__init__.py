@@ -1,0 +1,1 @@
+"""PostgreSQL: the tables, the connection, the embedded server and the migrations."""

@@ -1,0 +1,152 @@
+"""The tables of DESIGN.md §7, as SQLAlchemy models; their shape is a contract with billing jobs.
+
+The Alembic revisions in ``migrations/`` create them; these models are how the app reads and writes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    """A customer; its limits are None when unlimited."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (CheckConstraint("status IN ('active', 'disabled')", name="tenants_status_check"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    tpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ApiKey(Base):
+    """A tenant's key: only its prefix and a keyed hash of the whole secret are stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(Text)
+    prefix: Mapped[str] = mapped_column(String(32), index=True)
+    secret_hash: Mapped[bytes] = mapped_column(LargeBinary, unique=True)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Adapter(Base):
+    """A tenant's LoRA adapter; the files live at ``storage_path``, named by their content digest."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (
+        CheckConstraint("status IN ('ready', 'failed', 'deleted')", name="adapters_status_check"),
+        # A name is unique among a tenant's live adapters; deleted rows stay for the usage they explain.
+        Index(
+            "adapters_tenant_name_live", "tenant_id", "name", unique=True, postgresql_where=text("status <> 'deleted'")
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(Text)
+    base_model: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    target_modules: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    digest: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_path: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class UsageEvent(Base):
+    """One row per request that reached the engine (append-only; billing reads it)."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (
+        CheckConstraint("status IN ('ok', 'error', 'cancelled')", name="usage_events_status_check"),
+        Index("usage_events_tenant_started", "tenant_id", "started_at"),
+        Index("usage_events_adapter_started", "adapter_id", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    # Unique so that a batch retried after a lost commit acknowledgement never counts twice.
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    adapter_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("adapters.id"))
+    model: Mapped[str] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class AuditLog(Base):
+    """Who changed what through the admin API, with the record before and after."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("audit_log_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    actor_key_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    action: Mapped[str] = mapped_column(Text)
+    target_type: Mapped[str] = mapped_column(Text)
+    target_id: Mapped[str | None] = mapped_column(Text)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+
+USAGE_DAILY_VIEW = """
+CREATE VIEW usage_daily AS
+SELECT (started_at AT TIME ZONE 'UTC')::date AS day,
+       tenant_id,
+       adapter_id,
+       model,
+       count(*) AS requests,
+       sum(prompt_tokens)::bigint AS prompt_tokens,
+       sum(cached_prompt_tokens)::bigint AS cached_prompt_tokens,
+       sum(completion_tokens)::bigint AS completion_tokens,
+       count(*) FILTER (WHERE status = 'error') AS errors,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled
+FROM usage_events
+GROUP BY 1, 2, 3, 4
+"""
+"""The daily rollup per tenant, adapter and model (UTC days) that billing jobs read."""

@@ -1,0 +1,35 @@
+"""Alembic's entry point: runs the revisions over one asyncpg connection."""
+
+import asyncio
+
+from alembic import context
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.db.database import async_url
+from app.db.tables import Base
+
+target_metadata = Base.metadata
+
+
+def _run(connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_online(url: str) -> None:
+    engine = create_async_engine(async_url(url))
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(_run)
+    finally:
+        await engine.dispose()
+
+
+url = context.config.attributes.get("database_url") or context.config.get_main_option("sqlalchemy.url")
+if context.is_offline_mode():
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    asyncio.run(_run_online(url))
