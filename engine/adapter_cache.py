@@ -69,9 +69,13 @@ class AdapterCache:
 
     # Registry ------------------------------------------------------------------------------------
 
-    def add(self, name: str, path: Path) -> AdapterEntry:
-        """Validate the PEFT folder and register it under ``name`` (host tier); replaces an unused one."""
-        adapter = load_lora_adapter(Path(path), self.model)
+    def add(self, name: str, path: Path, adapter: LoraAdapter | None = None) -> AdapterEntry:
+        """Validate the PEFT folder and register it under ``name`` (host tier); replaces an unused one.
+
+        ``adapter``, when given, is the folder already validated by :func:`load_lora_adapter` (off the
+        step thread, so that reading files never stalls a step).
+        """
+        adapter = adapter or load_lora_adapter(Path(path), self.model)
         old = self._entries.get(name)
         if old is not None:
             if old.num_requests:
@@ -82,13 +86,24 @@ class AdapterCache:
             self._drop(old)
         layout = plan_layout(adapter, self.model, self.pool.storage.shape[2])
         entry = AdapterEntry(
-            name=name, path=Path(path), digest=adapter.digest, modules=adapter.modules, ranks=adapter.ranks,
-            layout=layout, host_bytes=4 * adapter.num_params, host=adapter,
+            name=name,
+            path=Path(path),
+            digest=adapter.digest,
+            modules=adapter.modules,
+            ranks=adapter.ranks,
+            layout=layout,
+            host_bytes=4 * adapter.num_params,
+            host=adapter,
         )
         self._entries[name] = entry
         self._touch_host(entry)
-        logger.info("adapter %s registered: modules %s, ranks %s, %d pages", name, ",".join(entry.modules),
-                    entry.ranks, layout.num_pages)
+        logger.info(
+            "adapter %s registered: modules %s, ranks %s, %d pages",
+            name,
+            ",".join(entry.modules),
+            entry.ranks,
+            layout.num_pages,
+        )
         return entry
 
     def remove(self, name: str) -> None:

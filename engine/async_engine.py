@@ -9,8 +9,10 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError
@@ -18,6 +20,8 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 IDLE_WAIT_S = 0.05  # how long the idle loop sleeps between looks at the inbox when woken for nothing
 
@@ -36,6 +40,15 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn(engine)`` on the step thread between two steps; its result lands in ``future``."""
+
+    fn: Callable[[Engine], Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
 class _Sink:
     """Where one request's outputs (or its error) land, on the event loop's side."""
 
@@ -52,7 +65,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._sinks: dict[str, _Sink] = {}
         self._thread: threading.Thread | None = None
@@ -113,6 +126,26 @@ class AsyncEngine:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
 
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
+        if self._thread is None:
+            return fn(self.engine)
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self._error}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._inbox.put(_Call(fn, future, loop))
+        self._wake.set()
+        return await future
+
+    async def add_adapter(self, name: str, path: str | Path) -> str:
+        """Validate a PEFT folder off the step thread, then register it between steps; its digest."""
+        validated = await asyncio.to_thread(self.engine.validate_adapter, path)
+        return await self.call(lambda engine: engine.add_adapter(name, path, validated))
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.call(lambda engine: engine.remove_adapter(name))
+
     def _loop(self) -> None:
         try:
             while self._drain_inbox():
@@ -152,9 +185,31 @@ class AsyncEngine:
                 self.engine.abort_request(command.request_id)
                 self._sinks.pop(command.request_id, None)
                 continue
+            if isinstance(command, _Call):
+                _run_call(self.engine, command)
+                continue
             try:
                 self.engine.add_request(command.prompt, command.params, command.request_id, command.adapter)
             except EngineError as error:
                 command.sink.put(error)
                 continue
             self._sinks[command.request_id] = command.sink
+
+
+def _run_call(engine: Engine, call: _Call) -> None:
+    """Run a queued call and hand its result or exception to the waiting coroutine."""
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if call.future.cancelled():
+            return
+        if error is not None:
+            call.future.set_exception(error)
+        else:
+            call.future.set_result(result)
+
+    try:
+        result = call.fn(engine)
+    except Exception as error:  # the caller gets the error; the step loop goes on
+        call.loop.call_soon_threadsafe(settle, None, error)
+        return
+    call.loop.call_soon_threadsafe(settle, result, None)

@@ -14,6 +14,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import PoolExhaustedError, RequestError
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
+from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
 from engine.page_pool import PagePool
@@ -56,8 +57,12 @@ class Engine:
         self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0}
         logger.info(
             "engine ready: %s on %s/%s, %d pages of %d tokens (%.0f MiB)",
-            folder.name, self.device, str(self.dtype).removeprefix("torch."), self.pool.num_pages,
-            self.pool.block_size, self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
+            folder.name,
+            self.device,
+            str(self.dtype).removeprefix("torch."),
+            self.pool.num_pages,
+            self.pool.block_size,
+            self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
         )
 
     def _make_pool(self) -> PagePool:
@@ -74,19 +79,32 @@ class Engine:
             else:
                 budget = DEFAULT_CPU_POOL_BYTES
         return PagePool(
-            budget // page_bytes, cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim,
-            self.dtype, self.device,
+            budget // page_bytes,
+            cfg.num_layers,
+            block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
         )
 
     # Adapters -------------------------------------------------------------------------------------
 
-    def add_adapter(self, name: str, path: str | Path) -> str:
+    def add_adapter(self, name: str, path: str | Path, validated: LoraAdapter | None = None) -> str:
         """Validate a PEFT LoRA folder and register it as ``name``; returns its content digest.
 
         Re-adding a name replaces the adapter (refused while unfinished requests use it); the new
         version never reuses KV computed with the old one, since its digest is part of every block hash.
+        ``validated`` skips reading the folder again when :meth:`validate_adapter` already did.
         """
-        return self.adapters.add(name, Path(path)).digest
+        return self.adapters.add(name, Path(path), validated).digest
+
+    def validate_adapter(self, path: str | Path) -> LoraAdapter:
+        """Read and check a PEFT LoRA folder against this model; touches no engine state (thread-safe)."""
+        return load_lora_adapter(Path(path), self.model_config)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self.adapters.names()
 
     def remove_adapter(self, name: str) -> None:
         """Forget an adapter and free its pages; refused (AdapterBusyError) while requests use it."""
@@ -174,9 +192,7 @@ class Engine:
         logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
         return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
 
-    def _update(
-        self, scheduled: SchedulerOutput, sampled: list[tuple[Sequence, int]]
-    ) -> list[RequestOutput]:
+    def _update(self, scheduled: SchedulerOutput, sampled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
         self.scheduler.update(scheduled)
         outputs = []
         for seq, token_id in sampled:
@@ -205,8 +221,7 @@ class Engine:
         if not len(params_list) == len(adapters) == len(prompts):
             raise RequestError("prompts, params and adapters must have the same length")
         request_ids = [
-            self.add_request(prompt, p, adapter=a)
-            for prompt, p, a in zip(prompts, params_list, adapters, strict=True)
+            self.add_request(prompt, p, adapter=a) for prompt, p, a in zip(prompts, params_list, adapters, strict=True)
         ]
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(request_ids):

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from app.db.migrate import upgrade
+from app.engine_client import LocalEngineClient
+from app.model_store import resolve_model
+from app.settings import Settings
+from tests.app.gateway_fixtures import start_default_engine, test_settings
 from tests.app.postgres import real_postgres, truncate_all
+from tests.engine.lora_helpers import make_peft_adapter
 
 
 @pytest.fixture(scope="session")
@@ -17,9 +24,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_url() -> Iterator[str]:
     """A migrated PostgreSQL for the whole session (LORAPLEX_TEST_DATABASE_URL picks an existing one)."""
-    with real_postgres(tmp_path_factory.mktemp("postgres"), os.environ.get("LORAPLEX_TEST_DATABASE_URL")) as url:
+    with real_postgres(os.environ.get("LORAPLEX_TEST_DATABASE_URL")) as url:
         upgrade(url)
         yield url
 
@@ -29,3 +36,33 @@ def database_url(postgres_url: str) -> str:
     """The session's database, emptied before the test so that each test starts from nothing."""
     truncate_all(postgres_url)
     return postgres_url
+
+
+@pytest.fixture(scope="session")
+def data_home() -> Path:
+    """The data folder that holds the default model (pulled by `make test` before pytest runs)."""
+    return Settings.from_env().home
+
+
+@pytest.fixture(scope="session")
+def default_engine(data_home: Path) -> Iterator[LocalEngineClient]:
+    """One engine on the real default model, shared by every app test (loading it takes seconds)."""
+    client = start_default_engine(data_home)
+    yield client
+    asyncio.run(client.stop())
+
+
+@pytest.fixture(scope="session")
+def tenant_adapters(default_engine: LocalEngineClient, data_home: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two small PEFT adapters for the default model that change its answers."""
+    root = tmp_path_factory.mktemp("adapters")
+    base = resolve_model("default", data_home)
+    return {
+        "alpha": make_peft_adapter(base, root / "alpha", seed=1, r=4, target_modules=["q_proj", "v_proj"]),
+        "beta": make_peft_adapter(base, root / "beta", seed=2, r=8, target_modules=["o_proj", "down_proj"]),
+    }
+
+
+@pytest.fixture
+def gateway_settings(tmp_path: Path, database_url: str) -> Settings:
+    return test_settings(tmp_path, database_url)

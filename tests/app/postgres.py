@@ -10,6 +10,7 @@ import asyncio
 import logging
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,7 @@ def docker_is_reachable() -> bool:
 
 
 @contextmanager
-def real_postgres(scratch: Path, url_from_env: str | None) -> Iterator[str]:
+def real_postgres(url_from_env: str | None) -> Iterator[str]:
     """Yield the postgresql:// URL of a PostgreSQL that lives as long as the block."""
     if url_from_env:
         yield url_from_env
@@ -43,11 +44,16 @@ def real_postgres(scratch: Path, url_from_env: str | None) -> Iterator[str]:
         with PostgresContainer(POSTGRES_IMAGE, driver=None) as container:
             yield container.get_connection_url()
         return
+    # Not under pytest's temporary folders: those are private to root, and the embedded server runs as
+    # its own system user when the tests run as root.
+    scratch = Path(tempfile.mkdtemp(prefix="loraplex-test-pg-"))
+    scratch.chmod(0o755)
     server = EmbeddedPostgres(scratch / "pgdata")
     try:
         yield server.start()
     finally:
         server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def truncate_all(url: str) -> None:

@@ -1,0 +1,109 @@
+"""Resolving a request's ``model`` within the caller's tenant (DESIGN.md §1).
+
+``model`` is the base model's name or the name of one of the caller's tenant's adapters. Anything
+else, including another tenant's adapter, is the same 404, so a caller learns nothing about what
+other tenants have. Lookups are cached for a second, so a request usually makes no query while a
+deleted adapter disappears within that second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app.db.database import Database
+from app.db.tables import Adapter
+from app.engine_client import EngineClient
+from app.errors import ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+CACHE_TTL_S = 1.0  # how long a lookup is trusted; deletions take effect within it
+MAX_CACHE_ENTRIES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """What a request runs on: the base model (``adapter_id`` None) or one adapter."""
+
+    name: str
+    adapter_id: uuid.UUID | None = None
+
+    @property
+    def engine_adapter(self) -> str | None:
+        """The adapter's name inside the engine: its id, so a re-upload never collides with the old one."""
+        return None if self.adapter_id is None else str(self.adapter_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _AdapterRecord:
+    adapter_id: uuid.UUID
+    storage_path: Path
+
+
+class ModelResolver:
+    """Maps (tenant, model name) to what the engine runs, loading adapters into the engine on demand."""
+
+    def __init__(self, database: Database, engine: EngineClient) -> None:
+        self.database = database
+        self.engine = engine
+        self._cache: dict[tuple[uuid.UUID, str], tuple[float, _AdapterRecord | None]] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+
+    async def resolve(self, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
+        if model == self.engine.model_name:
+            return ResolvedModel(model)
+        record = await self._lookup(tenant_id, model)
+        if record is None:
+            raise ModelNotFoundError(model)
+        resolved = ResolvedModel(model, record.adapter_id)
+        await self._ensure_loaded(resolved.engine_adapter, record.storage_path)
+        return resolved
+
+    async def list_adapter_names(self, tenant_id: uuid.UUID) -> list[tuple[str, int]]:
+        """The tenant's ready adapters as (name, created unix time), oldest first."""
+        query = (
+            select(Adapter.name, Adapter.created_at)
+            .where(Adapter.tenant_id == tenant_id, Adapter.status == "ready")
+            .order_by(Adapter.created_at)
+        )
+        async with self.database.sessions() as session:
+            rows = (await session.execute(query)).all()
+        return [(name, int(created_at.timestamp())) for name, created_at in rows]
+
+    def forget(self, tenant_id: uuid.UUID, model: str) -> None:
+        """Drop a cached lookup at once (after this process changed the adapter)."""
+        self._cache.pop((tenant_id, model), None)
+
+    async def _lookup(self, tenant_id: uuid.UUID, model: str) -> _AdapterRecord | None:
+        key = (tenant_id, model)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < CACHE_TTL_S:
+            return cached[1]
+        query = select(Adapter.id, Adapter.storage_path).where(
+            Adapter.tenant_id == tenant_id, Adapter.name == model, Adapter.status == "ready"
+        )
+        async with self.database.sessions() as session:
+            row = (await session.execute(query)).first()
+        record = None if row is None else _AdapterRecord(row.id, Path(row.storage_path))
+        if len(self._cache) >= MAX_CACHE_ENTRIES:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = (now, record)
+        return record
+
+    async def _ensure_loaded(self, engine_name: str | None, path: Path) -> None:
+        if engine_name is None or self.engine.has_adapter(engine_name):
+            return
+        lock = self._loading.setdefault(engine_name, asyncio.Lock())
+        async with lock:
+            if not self.engine.has_adapter(engine_name):
+                await self.engine.add_adapter(engine_name, path)
+                logger.info("adapter %s registered in the engine from %s", engine_name, path)
+        self._loading.pop(engine_name, None)

@@ -1,0 +1,135 @@
+"""The app's only way to the engine (DESIGN.md §10): submit a request, iterate its outputs, abort.
+
+:class:`EngineClient` is the interface; :class:`LocalEngineClient` runs an :class:`AsyncEngine` in
+this process. A remote worker would implement the same methods over the network, so nothing in
+``app/`` may reach past this interface into the engine's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine import Engine, EngineConfig, EngineStats, RequestOutput, SamplingParams
+from engine.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    """What the engine's validator found in a PEFT folder (the adapters table records it)."""
+
+    digest: str
+    rank: int
+    """The largest rank over the adapter's modules."""
+    alpha: float
+    target_modules: tuple[str, ...]
+    size_bytes: int
+
+
+class EngineClient(Protocol):
+    """What the gateway needs from an engine, wherever it runs."""
+
+    model_name: str
+    """The base model's name in the API."""
+    max_model_len: int
+    """Most tokens a request may hold, prompt and completion together."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def is_ready(self) -> bool: ...
+
+    def encode_prompt(self, prompt: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, adapter: str | None
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def validate_adapter(self, path: Path) -> AdapterInfo: ...
+
+    async def add_adapter(self, name: str, path: Path) -> str: ...
+
+    async def remove_adapter(self, name: str) -> None: ...
+
+    def has_adapter(self, name: str) -> bool: ...
+
+    async def stats(self) -> EngineStats: ...
+
+
+class LocalEngineClient:
+    """An engine in this process, its step loop on a thread of its own."""
+
+    def __init__(self, config: EngineConfig, model_name: str) -> None:
+        self.config = config
+        self.model_name = model_name
+        self.max_model_len = 0
+        self._engine: AsyncEngine | None = None
+
+    async def start(self) -> None:
+        """Load the model (off the event loop: it takes seconds) and start the step loop."""
+        if self._engine is not None:
+            return
+        engine = await asyncio.to_thread(Engine, self.config)
+        self.max_model_len = engine.max_model_len
+        self._engine = AsyncEngine(engine)
+        self._engine.start()
+
+    async def stop(self) -> None:
+        if self._engine is not None:
+            await self._engine.stop()
+            self._engine = None
+
+    def is_ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("the engine client is not started")
+        return self._engine
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.engine.engine.tokenizer.encode(prompt)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        tokenizer = self.engine.engine.tokenizer
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        # The template writes the special tokens itself; encoding must not add a second BOS.
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, adapter: str | None
+    ) -> AsyncIterator[RequestOutput]:
+        return self.engine.generate(prompt_ids, params, request_id=request_id, adapter=adapter)
+
+    async def validate_adapter(self, path: Path) -> AdapterInfo:
+        """Check a PEFT folder against the base model without registering it (AdapterError if unusable)."""
+        adapter = await asyncio.to_thread(self.engine.engine.validate_adapter, path)
+        return AdapterInfo(
+            digest=adapter.digest,
+            rank=max(adapter.ranks.values()),
+            alpha=adapter.lora_alpha,
+            target_modules=adapter.modules,
+            size_bytes=adapter.size_bytes,
+        )
+
+    async def add_adapter(self, name: str, path: Path) -> str:
+        return await self.engine.add_adapter(name, path)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.engine.remove_adapter(name)
+
+    def has_adapter(self, name: str) -> bool:
+        return self.engine.engine.has_adapter(name)
+
+    async def stats(self) -> EngineStats:
+        return await self.engine.call(lambda engine: engine.stats())

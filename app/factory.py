@@ -1,0 +1,41 @@
+"""``create_app()``: the Litestar application with every route, error handler and the lifespan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar import Litestar
+from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+
+from app.engine_client import EngineClient
+from app.errors import ApiError
+from app.gateway import gateway_lifespan
+from app.openai.controller import OPENAI_ROUTES
+from app.ops import OPS_ROUTES
+from app.request_context import RequestIdMiddleware
+from app.settings import Settings
+from app.web import api_error_handler, http_error_handler, internal_error_handler
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: EngineClient | None = None,
+    demo_adapters: dict[str, Path] | None = None,
+) -> Litestar:
+    """The app; it starts the database, the engine (unless one is given) and the writers when it starts."""
+    settings = settings or Settings.from_env()
+    return Litestar(
+        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES],
+        lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
+        middleware=[DefineMiddleware(RequestIdMiddleware)],
+        exception_handlers={
+            ApiError: api_error_handler,
+            HTTPException: http_error_handler,
+            Exception: internal_error_handler,
+        },
+        openapi_config=OpenAPIConfig(title="loraplex", version="0.1.0"),
+        logging_config=None,
+    )

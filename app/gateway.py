@@ -1,0 +1,118 @@
+"""The gateway's services, built and started in the app's lifespan and stopped in reverse order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from litestar import Litestar
+
+from app.adapters.resolver import ModelResolver
+from app.bootstrap import DemoAccess, ensure_demo_tenant
+from app.db.database import Database
+from app.db.embedded import EmbeddedPostgres
+from app.db.migrate import upgrade
+from app.engine_client import EngineClient, LocalEngineClient
+from app.keys.authenticator import Authenticator
+from app.keys.secrets import load_or_create_key_secret
+from app.metrics import GatewayMetrics
+from app.model_store import resolve_model
+from app.openai.service import OpenAIService
+from app.settings import Settings
+from app.usage.writer import UsageWriter
+from engine import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+USAGE_SPILL_FILE = "usage-spill.jsonl"  # usage the database could not take at shutdown; replayed at start
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything a handler reaches through ``app.state.gateway``."""
+
+    settings: Settings
+    engine: EngineClient
+    database: Database
+    authenticator: Authenticator
+    writer: UsageWriter
+    metrics: GatewayMetrics
+    openai: OpenAIService
+    resolver: ModelResolver
+    key_secret: bytes
+    """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
+    demo: DemoAccess | None = None
+
+
+def local_engine(settings: Settings) -> LocalEngineClient:
+    """The engine in this process, on the configured model (pulled on first use when it is the default)."""
+    folder = resolve_model(settings.model, settings.home)
+    config = EngineConfig(model=str(folder), pool_bytes=settings.pool_bytes, max_num_seqs=settings.max_num_seqs)
+    return LocalEngineClient(config, settings.served_model_name or folder.name)
+
+
+@asynccontextmanager
+async def run_gateway(
+    settings: Settings, engine: EngineClient | None = None, demo_adapters: dict[str, Path] | None = None
+) -> AsyncIterator[Gateway]:
+    """Start the database, the engine and the background writers; stop them all on the way out.
+
+    An ``engine`` passed in is used as it is and left running (tests share one between apps).
+    """
+    async with AsyncExitStack() as stack:
+        url = settings.database_url
+        if url is None:
+            embedded = EmbeddedPostgres(settings.home / "postgres")
+            url = await asyncio.to_thread(embedded.start)
+            stack.callback(embedded.stop)
+            logger.info("embedded PostgreSQL at %s", url)
+        if settings.migrate_on_start:
+            await asyncio.to_thread(upgrade, url)
+        database = Database(url)
+        stack.push_async_callback(database.close)
+        # The writer stops after the engine, so the usage of requests the engine aborts is still written.
+        writer = UsageWriter(database, spill_path=settings.home / USAGE_SPILL_FILE)
+        writer.start()
+        stack.push_async_callback(writer.stop)
+        key_secret = load_or_create_key_secret(settings.home, settings.key_secret)
+        authenticator = Authenticator(database, key_secret)
+        authenticator.start()
+        stack.push_async_callback(authenticator.stop)
+        if engine is None:
+            engine = local_engine(settings)
+            await engine.start()
+            stack.push_async_callback(engine.stop)
+        metrics = GatewayMetrics()
+        resolver = ModelResolver(database, engine)
+        gateway = Gateway(
+            settings=settings,
+            engine=engine,
+            database=database,
+            authenticator=authenticator,
+            writer=writer,
+            metrics=metrics,
+            openai=OpenAIService(engine, resolver, writer, metrics),
+            resolver=resolver,
+            key_secret=key_secret,
+        )
+        if settings.demo:
+            gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
+        yield gateway
+
+
+def gateway_lifespan(
+    settings: Settings, engine: EngineClient | None, demo_adapters: dict[str, Path] | None
+) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the gateway runs while the app does, in ``app.state.gateway``."""
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with run_gateway(settings, engine, demo_adapters) as gateway:
+            app.state.gateway = gateway
+            yield
+
+    return lifespan

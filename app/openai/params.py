@@ -1,0 +1,128 @@
+"""From an OpenAI request body to what the engine takes: prompt token ids and sampling params.
+
+Every check here answers 400 with the parameter's name and what to send instead.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+from app.engine_client import EngineClient
+from app.errors import BadRequestError
+from app.openai.schemas import MAX_STOP_SEQUENCES, ChatCompletionRequest, CompletionRequest
+from engine import RequestError, SamplingParams
+
+BodyT = TypeVar("BodyT", ChatCompletionRequest, CompletionRequest)
+
+MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
+
+
+class ContextLengthError(BadRequestError):
+    code = "context_length_exceeded"
+
+
+def decode_body(raw: bytes, body_type: type[BodyT]) -> BodyT:
+    """Parse a JSON body into ``body_type``; a 400 naming the field for anything wrong or unsupported."""
+    if not raw:
+        raise BadRequestError("The request body is empty; send a JSON object.")
+    try:
+        return msgspec.json.decode(raw, type=body_type)
+    except msgspec.ValidationError as error:
+        raise BadRequestError(_describe(error), param=_param_of(error)) from None
+    except msgspec.DecodeError as error:
+        raise BadRequestError(f"The request body is not valid JSON: {error}.") from None
+
+
+def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
+    if not body.messages:
+        raise BadRequestError("`messages` must hold at least one message.", param="messages")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    return engine.encode_chat(messages)
+
+
+def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise BadRequestError(
+                "Only one prompt per request is supported; send the prompts as separate requests.", param="prompt"
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = engine.encode_prompt(prompt) if prompt else []
+    else:
+        ids = list(prompt)
+        if any(not 0 <= token < 2**31 for token in ids):
+            raise BadRequestError("Token ids in `prompt` must be non-negative integers.", param="prompt")
+    if not ids:
+        raise BadRequestError("`prompt` is empty; send at least one token.", param="prompt")
+    return ids
+
+
+def sampling_params(
+    body: ChatCompletionRequest | CompletionRequest, num_prompt_tokens: int, max_model_len: int
+) -> SamplingParams:
+    """The engine's sampling params; 400 for n != 1, bad values, or a request longer than the context."""
+    if body.n != 1:
+        raise BadRequestError("Only n=1 is supported; send several requests for several choices.", param="n")
+    if body.stream_options is not None and not body.stream:
+        raise BadRequestError("`stream_options` is only allowed when `stream` is true.", param="stream_options")
+    max_tokens, param = body.max_tokens, "max_tokens"
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+    room = max_model_len - num_prompt_tokens
+    if max_tokens is None:
+        max_tokens = room  # as vLLM: whatever room the context leaves
+    if max_tokens < 1:
+        raise BadRequestError(f"`{param}` must be at least 1, got {max_tokens}.", param=param)
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+            f"completion). Please reduce the length of the prompt or `{param}`.",
+            param=param if room > 0 else "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+        )
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise BadRequestError(f"`stop` takes at most {MAX_STOP_SEQUENCES} sequences.", param="stop")
+    if body.seed is not None and not -MAX_SEED <= body.seed <= MAX_SEED:
+        raise BadRequestError("`seed` must fit in a signed 64-bit integer.", param="seed")
+    for name, value, low, high in (("temperature", body.temperature, 0.0, 2.0), ("top_p", body.top_p, 0.0, 1.0)):
+        if value is not None and not low <= value <= high:
+            raise BadRequestError(f"`{name}` must be within [{low:g}, {high:g}], got {value}.", param=name)
+    if body.top_p is not None and body.top_p == 0.0:
+        raise BadRequestError("`top_p` must be greater than 0.", param="top_p")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            seed=None if body.seed is None else abs(body.seed),
+            stop=stop,
+        )
+    except RequestError as error:
+        raise BadRequestError(str(error)) from None
+
+
+def _param_of(error: msgspec.ValidationError) -> str | None:
+    """The top-level field a msgspec error is about: from "... at `$.field[0]`" or "unknown field `x`"."""
+    message = str(error)
+    for marker in ("unknown field `", "missing required field `"):
+        if marker in message:
+            return message.split(marker, 1)[1].split("`", 1)[0]
+    if "at `$." in message:
+        path = message.rsplit("at `$.", 1)[1].rstrip("`")
+        return path.split(".", 1)[0].split("[", 1)[0]
+    return None
+
+
+def _describe(error: msgspec.ValidationError) -> str:
+    message = str(error)
+    if "unknown field `" in message:
+        name = _param_of(error)
+        return f"Unsupported parameter: `{name}`. This server does not support it; remove it from the request."
+    if "missing required field `" in message:
+        return f"Missing required parameter: `{_param_of(error)}`."
+    return f"Invalid request: {message}."

@@ -1,0 +1,46 @@
+"""What every handler shares: reaching the gateway, the request id, JSON responses, error bodies."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from app.errors import ApiError, InternalError
+from app.gateway import Gateway
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def request_id_of(request: Request) -> str:
+    return request.scope["state"]["request_id"]
+
+
+def json_response(body: Any, status_code: int = 200) -> Response:
+    return Response(content=msgspec.json.encode(body), media_type=JSON, status_code=status_code)
+
+
+def api_error_handler(request: Request, error: ApiError) -> Response:
+    return json_response(error.body(), error.status)
+
+
+def http_error_handler(request: Request, error: HTTPException) -> Response:
+    """Litestar's own errors (unknown path, wrong method, ...) in OpenAI's shape."""
+    body = {"error": {"message": error.detail, "type": "invalid_request_error", "param": None, "code": None}}
+    return json_response(body, error.status_code)
+
+
+def internal_error_handler(request: Request, error: Exception) -> Response:
+    """Anything unexpected: logged with its traceback, answered without it."""
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    message = f"The server had an error while processing your request (request id {request_id_of(request)})."
+    return json_response(InternalError(message).body(), InternalError.status)
