@@ -1,0 +1,327 @@
+"""From an ``Authorization: Bearer lpx_…`` header to a Principal, usually without a database query.
+
+The one idea: answers are cached per key hash for at most ``cache_ttl_s`` (1 s), counted from the start
+of the query that produced them, so the request path rarely touches PostgreSQL while a revocation,
+an expiry change or a disabled tenant is seen within a second. Unknown keys are cached too (as None),
+so a client retrying a wrong key does not query on every request. Expiry is checked against the clock
+on every call, not only when the cache is filled. Concurrent misses for the same key share one query.
+
+``last_used_at`` is recorded in memory on each success and written by a background task every
+``last_used_flush_s`` seconds, never on the request path.
+
+Constant time: the stored hash is compared with :func:`hmac.compare_digest`. The cache is keyed by the
+HMAC, which an attacker cannot compute without the server's secret, so its lookups reveal nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+
+from sqlalchemy import DateTime, bindparam, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.db.database import Database
+from app.db.tables import ApiKey, Tenant
+from app.errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
+from app.keys.secrets import KEY_TAG, hash_api_key, key_prefix
+from app.keys.service import Scope
+
+logger = logging.getLogger(__name__)
+
+CACHE_TTL_S = 1.0  # the promise: a revocation, expiry change or disabled tenant is seen within one second
+LAST_USED_FLUSH_S = 30.0  # last_used_at is for people reading listings; half a minute late is fine
+MAX_CACHE_ENTRIES = 100_000  # a few tens of MB at most, whatever number of distinct (wrong) keys clients send
+MAX_ECHOED_SCHEME_CHARS = 20  # a longer "scheme" is more likely a pasted secret than a scheme name
+MASK_TAIL_CHARS = 4  # characters of a wrong key echoed back, as OpenAI does, so the user can tell which key
+
+
+class MissingApiKeyError(AuthenticationError):
+    """The request carries no Authorization header, or one with no key in it."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using "
+            f"Bearer auth (i.e. Authorization: Bearer YOUR_KEY). loraplex keys start with `{KEY_TAG}_`."
+        )
+
+
+class MalformedAuthorizationError(AuthenticationError):
+    """The Authorization header uses a scheme other than Bearer."""
+
+    def __init__(self, scheme: str) -> None:
+        if scheme.startswith(f"{KEY_TAG}_"):  # the bare key: say so without echoing any of it
+            problem = "holds the key without the Bearer scheme"
+        elif scheme.isalpha() and len(scheme) <= MAX_ECHOED_SCHEME_CHARS:
+            problem = f"uses the `{scheme}` scheme"
+        else:
+            problem = "does not start with `Bearer `"
+        super().__init__(f"The Authorization header {problem}; send `Authorization: Bearer YOUR_KEY`.")
+
+
+class IncorrectApiKeyError(AuthenticationError):
+    """A well-formed key that matches no stored key."""
+
+    def __init__(self, masked_key: str) -> None:
+        super().__init__(
+            f"Incorrect API key provided: {masked_key}. Check that you copied the whole key, or ask your "
+            "administrator for a new one."
+        )
+
+
+class RevokedApiKeyError(AuthenticationError):
+    """The key was revoked by an administrator."""
+
+    def __init__(self, prefix: str, revoked_at: datetime) -> None:
+        super().__init__(
+            f"The API key {prefix} was revoked at {_utc(revoked_at)}; ask your administrator for a new key."
+        )
+
+
+class ExpiredApiKeyError(AuthenticationError):
+    """The key's expiry time has passed."""
+
+    def __init__(self, prefix: str, expires_at: datetime) -> None:
+        super().__init__(f"The API key {prefix} expired at {_utc(expires_at)}; ask your administrator for a new key.")
+
+
+class TenantDisabledError(PermissionDeniedError):
+    """The key is valid but its tenant is disabled."""
+
+    def __init__(self, tenant_name: str) -> None:
+        super().__init__(
+            f"The tenant `{tenant_name}` is disabled, so its API keys cannot be used; ask your administrator to "
+            "enable it again."
+        )
+
+
+class MissingScopeError(PermissionDeniedError):
+    """The key is valid but lacks the scope the endpoint needs."""
+
+    def __init__(self, prefix: str, scope: str) -> None:
+        super().__init__(
+            f"The API key {prefix} lacks the `{scope}` scope that this endpoint needs; use a key created with "
+            f"the `{scope}` scope."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the key and its tenant, with the key's scopes."""
+
+    key_id: uuid.UUID
+    tenant_id: uuid.UUID
+    tenant_name: str
+    scopes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyRecord:
+    """What the database said about one key; the checks against it run on every call."""
+
+    principal: Principal
+    prefix: str
+    tenant_active: bool
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class _CacheEntry:
+    record: _KeyRecord | None  # None: no stored key has this hash
+    fetched_at: float  # time.monotonic() when the query that produced it started
+
+
+class Authenticator:
+    """Checks Bearer keys against ``api_keys`` through a short-lived cache; see the module docstring."""
+
+    def __init__(
+        self,
+        database: Database,
+        key_secret: bytes,
+        *,
+        cache_ttl_s: float = CACHE_TTL_S,
+        last_used_flush_s: float = LAST_USED_FLUSH_S,
+        max_cache_entries: int = MAX_CACHE_ENTRIES,
+    ) -> None:
+        if cache_ttl_s < 0 or last_used_flush_s <= 0 or max_cache_entries < 1:
+            raise ValueError(
+                f"need cache_ttl_s >= 0, last_used_flush_s > 0 and max_cache_entries >= 1; got {cache_ttl_s}, "
+                f"{last_used_flush_s} and {max_cache_entries}"
+            )
+        self._database = database
+        self._key_secret = key_secret
+        self._cache_ttl_s = cache_ttl_s
+        self._last_used_flush_s = last_used_flush_s
+        self._max_cache_entries = max_cache_entries
+        self._cache: OrderedDict[bytes, _CacheEntry] = OrderedDict()  # oldest fill first
+        self._loading: dict[bytes, asyncio.Task[_KeyRecord | None]] = {}
+        self._last_used: dict[uuid.UUID, datetime] = {}
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def authenticate(self, authorization: str | None, scope: str) -> Principal:
+        """The Principal of the key in `authorization` (the header's value) if it may use `scope`.
+
+        Raises an AuthenticationError (401) for a missing, malformed, unknown, revoked or expired key,
+        a PermissionDeniedError (403) for a disabled tenant or a missing scope, and ServiceUnavailableError
+        (503) when the key is not cached and the database does not answer.
+        """
+        if scope not in Scope.VALID:
+            raise ValueError(f"unknown scope {scope!r}; expected one of {sorted(Scope.VALID)}")
+        plaintext = _bearer_token(authorization)
+        prefix = key_prefix(plaintext)
+        record = await self._lookup(hash_api_key(self._key_secret, plaintext), prefix)
+        if record is None:
+            raise IncorrectApiKeyError(f"{prefix}_****{plaintext[-MASK_TAIL_CHARS:]}")
+        now = datetime.now(UTC)
+        if record.revoked_at is not None:
+            raise RevokedApiKeyError(prefix, record.revoked_at)
+        if record.expires_at is not None and record.expires_at <= now:
+            raise ExpiredApiKeyError(prefix, record.expires_at)
+        if not record.tenant_active:
+            raise TenantDisabledError(record.principal.tenant_name)
+        if scope not in record.principal.scopes:
+            raise MissingScopeError(prefix, scope)
+        self._last_used[record.principal.key_id] = now
+        return record.principal
+
+    def start(self) -> None:
+        """Start writing last_used_at in the background; call from inside the running event loop."""
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically(), name="last-used-flush")
+
+    async def stop(self) -> None:
+        """Stop the background writer and write the last_used_at times it had not written yet."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        await self.flush_last_used()
+
+    async def flush_last_used(self) -> int:
+        """Write the recorded last-use times in one statement; return how many keys it covered.
+
+        A time never moves backwards (another gateway may have written a later one). On failure the
+        times are kept for the next flush and the error is raised.
+        """
+        pending, self._last_used = self._last_used, {}
+        if not pending:
+            return 0
+        used_at = bindparam("used_at", type_=DateTime(timezone=True))
+        statement = (
+            update(ApiKey)
+            .where(ApiKey.id == bindparam("key_id"))
+            .values(last_used_at=func.greatest(ApiKey.last_used_at, used_at))
+        )
+        try:
+            async with self._database.engine.begin() as connection:
+                await connection.execute(
+                    statement, [{"key_id": key_id, "used_at": used_at} for key_id, used_at in pending.items()]
+                )
+        except BaseException:
+            self._last_used = pending | self._last_used  # times recorded meanwhile are later: they win
+            raise
+        return len(pending)
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._last_used_flush_s)
+            try:
+                await self.flush_last_used()
+            except (SQLAlchemyError, OSError) as error:
+                logger.warning("could not write last_used_at, will retry in %.0f s: %s", self._last_used_flush_s, error)
+            except Exception:
+                logger.exception("writing last_used_at failed")
+
+    async def _lookup(self, key_hash: bytes, prefix: str) -> _KeyRecord | None:
+        entry = self._cache.get(key_hash)
+        if entry is not None and time.monotonic() - entry.fetched_at < self._cache_ttl_s:
+            return entry.record
+        task = self._loading.get(key_hash)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(key_hash, prefix))
+            self._loading[key_hash] = task
+            task.add_done_callback(partial(self._forget_load, key_hash))
+        # Shielded: a request that goes away (client disconnect) does not cancel the query others await.
+        return await asyncio.shield(task)
+
+    def _forget_load(self, key_hash: bytes, task: asyncio.Task[_KeyRecord | None]) -> None:
+        self._loading.pop(key_hash, None)
+        if not task.cancelled():
+            task.exception()  # marks it retrieved: every waiter may have gone away
+
+    async def _load(self, key_hash: bytes, prefix: str) -> _KeyRecord | None:
+        fetched_at = time.monotonic()
+        statement = (
+            select(
+                ApiKey.id,
+                ApiKey.secret_hash,
+                ApiKey.scopes,
+                ApiKey.expires_at,
+                ApiKey.revoked_at,
+                ApiKey.tenant_id,
+                Tenant.name,
+                Tenant.status,
+            )
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.prefix == prefix)
+        )
+        try:
+            async with self._database.engine.connect() as connection:
+                rows = (await connection.execute(statement)).all()
+        except (SQLAlchemyError, OSError) as error:
+            logger.warning("could not look up API key %s: %s", prefix, error)
+            raise ServiceUnavailableError(
+                "The API key could not be checked because the database is unavailable; retry in a few seconds."
+            ) from error
+        record = None
+        for row in rows:  # usually one row; more only when two keys' random ids collide
+            if hmac.compare_digest(row.secret_hash, key_hash):
+                record = _KeyRecord(
+                    principal=Principal(
+                        key_id=row.id, tenant_id=row.tenant_id, tenant_name=row.name, scopes=frozenset(row.scopes)
+                    ),
+                    prefix=prefix,
+                    tenant_active=row.status == "active",
+                    expires_at=row.expires_at,
+                    revoked_at=row.revoked_at,
+                )
+        self._remember(key_hash, _CacheEntry(record, fetched_at))
+        return record
+
+    def _remember(self, key_hash: bytes, entry: _CacheEntry) -> None:
+        self._cache.pop(key_hash, None)
+        self._cache[key_hash] = entry
+        now = time.monotonic()
+        # Entries sit in fill order, so stale ones gather at the front: drop them, and the oldest beyond the bound.
+        while self._cache:
+            oldest = next(iter(self._cache.values()))
+            if len(self._cache) <= self._max_cache_entries and now - oldest.fetched_at < self._cache_ttl_s:
+                break
+            self._cache.popitem(last=False)
+
+
+def _bearer_token(authorization: str | None) -> str:
+    """The key from an Authorization header's value; raises when there is none or the scheme is not Bearer."""
+    if authorization is None or not authorization.strip():
+        raise MissingApiKeyError()
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise MalformedAuthorizationError(scheme)
+    token = token.strip()
+    if not token:
+        raise MissingApiKeyError()
+    return token
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,98 @@
+"""Creating and revoking API keys; the plaintext exists only in the return value of create_api_key."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.tables import ApiKey, Tenant
+from app.errors import BadRequestError, NotFoundError
+from app.keys.secrets import generate_api_key, hash_api_key
+
+logger = logging.getLogger(__name__)
+
+
+class Scope:
+    """What a key may do: ``inference`` for the OpenAI-compatible API, ``admin`` for ``/admin``.
+
+    Neither implies the other: an admin key cannot run completions unless it also has ``inference``.
+    """
+
+    INFERENCE = "inference"
+    ADMIN = "admin"
+    VALID = frozenset({INFERENCE, ADMIN})
+
+
+async def create_api_key(
+    session: AsyncSession,
+    *,
+    tenant_id: uuid.UUID,
+    name: str,
+    scopes: Iterable[str],
+    key_secret: bytes,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Add a new key for the tenant to `session` and flush; return the row and the plaintext (shown once).
+
+    The caller commits. Raises BadRequestError for no scopes, an unknown scope, or an expiry that is not
+    a timezone-aware time in the future; NotFoundError when the tenant does not exist.
+    """
+    scope_list = sorted(set(scopes))
+    if not scope_list:
+        raise BadRequestError(
+            f"A key needs at least one scope; choose from {', '.join(sorted(Scope.VALID))}.", param="scopes"
+        )
+    unknown = [scope for scope in scope_list if scope not in Scope.VALID]
+    if unknown:
+        raise BadRequestError(
+            f"Unknown scope {', '.join(repr(s) for s in unknown)}; valid scopes are {', '.join(sorted(Scope.VALID))}.",
+            param="scopes",
+        )
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            raise BadRequestError(
+                "expires_at has no timezone; give it with an offset, e.g. 2030-01-01T00:00:00Z.", param="expires_at"
+            )
+        if expires_at <= datetime.now(UTC):
+            raise BadRequestError(
+                f"expires_at ({expires_at.isoformat()}) is in the past; give a time in the future, or none.",
+                param="expires_at",
+            )
+    if await session.get(Tenant, tenant_id) is None:
+        raise NotFoundError(f"No tenant has the id {tenant_id}; list tenants with GET /admin/tenants.")
+
+    generated = generate_api_key()
+    key = ApiKey(
+        tenant_id=tenant_id,
+        name=name,
+        prefix=generated.prefix,
+        secret_hash=hash_api_key(key_secret, generated.plaintext),
+        scopes=scope_list,
+        expires_at=expires_at,
+    )
+    session.add(key)
+    await session.flush()
+    await session.refresh(key)  # loads created_at, which the database fills in
+    logger.info("created API key %s (%s) for tenant %s with scopes %s", key.id, key.prefix, tenant_id, scope_list)
+    return key, generated.plaintext
+
+
+async def revoke_api_key(session: AsyncSession, key_id: uuid.UUID) -> ApiKey:
+    """Mark the key revoked now and flush (the caller commits); authenticators refuse it within a second.
+
+    Revoking a revoked key keeps its first revocation time. Raises NotFoundError for an unknown id.
+    """
+    key = await session.get(ApiKey, key_id)
+    if key is None:
+        raise NotFoundError(
+            f"No API key has the id {key_id}; list a tenant's keys with GET /admin/tenants/{{tenant_id}}/keys."
+        )
+    if key.revoked_at is None:
+        key.revoked_at = datetime.now(UTC)
+        await session.flush()
+        logger.info("revoked API key %s (%s) of tenant %s", key.id, key.prefix, key.tenant_id)
+    return key
