@@ -1,89 +1,142 @@
-"""The `loraplex` command: manage the base model and start the server."""
+"""The `loraplex` command: the base model, the database, and the server."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import click
 
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
-from app.settings import Settings
+from app.request_context import RequestIdLogFilter
+from app.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+T = TypeVar("T")
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 _LOG_DATE_FORMAT = "%H:%M:%S"
-# Exit status of a command interrupted with Ctrl-C, as shells report it (128 + SIGINT).
-_EXIT_INTERRUPTED = 130
-
-Handler = Callable[[argparse.Namespace, Settings], int]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class _Context:
+    """What every command gets: the settings, read once."""
+
+    def __init__(self) -> None:
+        try:
+            self.settings = Settings.from_env()
+        except SettingsError as error:
+            raise click.ClickException(str(error)) from None
+
+
+pass_context = click.make_pass_decorator(_Context, ensure=True)
+
+
+@click.group(
+    help="A multi-tenant multi-LoRA gateway: one base model, many tenants' adapters.",
+    epilog="Environment: LORAPLEX_HOME (data folder), LORAPLEX_MODEL ('default' or a model folder), "
+    "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder).",
+)
+def cli() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdLogFilter())
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT, _LOG_DATE_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+@cli.group(help="Manage the base model.")
+def models() -> None:
+    pass
+
+
+@models.command("pull", help="Download and convert the default model into the data folder; print its folder.")
+@click.option("--force", is_flag=True, help="Convert again even if the folder is complete.")
+@pass_context
+def models_pull(context: _Context, force: bool) -> None:
+    click.echo(_model_call(lambda: pull_default_model(context.settings.home, force=force)))
+
+
+@models.command("path", help="Print the folder of the configured model (pulling the default one if needed).")
+@pass_context
+def models_path(context: _Context) -> None:
+    click.echo(_model_call(lambda: resolve_model(context.settings.model, context.settings.home)))
+
+
+@cli.group(help="Manage the database.")
+def db() -> None:
+    pass
+
+
+@db.command("upgrade", help="Apply the schema migrations to the database in use.")
+@pass_context
+def db_upgrade(context: _Context) -> None:
+    from app.db.migrate import upgrade
+
+    with _database_url(context.settings) as url:
+        upgrade(url)
+    click.echo("database schema is up to date")
+
+
+@db.command("url", help="Print the URL of the database in use (the embedded one answers while the server runs).")
+@pass_context
+def db_url(context: _Context) -> None:
+    with _database_url(context.settings) as url:
+        click.echo(url)
+
+
+@cli.command(help="Start the server (the OpenAI API on /v1, operations on /health, /ready, /metrics).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@pass_context
+def serve(context: _Context, host: str, port: int) -> None:
+    from app.serve import run_server
+
+    _model_call(lambda: resolve_model(context.settings.model, context.settings.home))
+    run_server(context.settings, host, port)
+
+
+def _model_call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except ModelStoreError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@contextmanager
+def _database_url(settings: Settings) -> Iterator[str]:
+    """The database URL in use: DATABASE_URL, or the embedded server's (stopped on exit unless a server uses it)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from app.db.embedded import EmbeddedDatabaseError, EmbeddedPostgres
+
+    embedded = EmbeddedPostgres(settings.home / "postgres")
+    try:
+        url = embedded.start()
+    except EmbeddedDatabaseError as error:
+        raise click.ClickException(str(error)) from None
+    try:
+        yield url
+    finally:
+        embedded.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run one `loraplex` command and return its exit status."""
-    args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT, datefmt=_LOG_DATE_FORMAT, stream=sys.stderr)
-    settings = Settings.from_env()
-    handler: Handler = args.handler
     try:
-        return handler(args, settings)
-    except ModelStoreError as exc:
-        print(f"loraplex: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("loraplex: interrupted", file=sys.stderr)
-        return _EXIT_INTERRUPTED
-
-
-def _models_pull(args: argparse.Namespace, settings: Settings) -> int:
-    print(pull_default_model(settings.home, force=args.force))
+        cli.main(args=argv, prog_name="loraplex", standalone_mode=False)
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
+    except click.exceptions.Abort:
+        click.echo("loraplex: interrupted", err=True)
+        return 130
+    except click.exceptions.Exit as exit_:
+        return exit_.exit_code
     return 0
-
-
-def _models_path(args: argparse.Namespace, settings: Settings) -> int:
-    print(resolve_model(settings.model, settings.home))
-    return 0
-
-
-def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    # Imported here: the engine (and torch) load only for commands that run it.
-    from app.demo import run_demo
-    from engine.errors import EngineError
-
-    try:
-        run_demo(settings)
-    except EngineError as exc:
-        print(f"loraplex: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="loraplex",
-        description="A multi-tenant multi-LoRA gateway: one base model, many tenants' adapters.",
-        epilog="Environment: LORAPLEX_HOME (data folder), LORAPLEX_MODEL ('default' or a model folder).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    models = commands.add_parser("models", help="manage the base model")
-    model_commands = models.add_subparsers(dest="models_command", required=True, metavar="COMMAND")
-    pull = model_commands.add_parser(
-        "pull", help="download and convert the default model into the data folder; print its folder"
-    )
-    pull.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
-    pull.set_defaults(handler=_models_pull)
-    path = model_commands.add_parser(
-        "path", help="print the folder of the configured model (pulling the default one if needed)"
-    )
-    path.set_defaults(handler=_models_path)
-
-    serve = commands.add_parser("serve", help="start the server")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
-    serve.set_defaults(handler=_serve)
-    return parser
 
 
 if __name__ == "__main__":

@@ -30,13 +30,34 @@ def test_upgrade_builds_the_documented_tables_and_is_idempotent(database_url: st
     upgrade(database_url)  # a second upgrade at head changes nothing and does not fail
     columns = _columns(database_url)
     assert {
-        "id", "request_id", "tenant_id", "api_key_id", "adapter_id", "model", "prompt_tokens",
-        "cached_prompt_tokens", "completion_tokens", "status", "finish_reason", "started_at", "finished_at", "ttft_ms",
+        "id",
+        "request_id",
+        "tenant_id",
+        "api_key_id",
+        "adapter_id",
+        "model",
+        "prompt_tokens",
+        "cached_prompt_tokens",
+        "completion_tokens",
+        "status",
+        "finish_reason",
+        "started_at",
+        "finished_at",
+        "ttft_ms",
     } <= columns["usage_events"]
-    assert {"day", "tenant_id", "adapter_id", "requests", "prompt_tokens", "completion_tokens"} <= columns["usage_daily"]
-    assert {"id", "tenant_id", "prefix", "secret_hash", "scopes", "expires_at", "revoked_at", "last_used_at"} <= columns[
-        "api_keys"
+    assert {"day", "tenant_id", "adapter_id", "requests", "prompt_tokens", "completion_tokens"} <= columns[
+        "usage_daily"
     ]
+    assert {
+        "id",
+        "tenant_id",
+        "prefix",
+        "secret_hash",
+        "scopes",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    } <= columns["api_keys"]
     assert {"id", "name", "status", "rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_budget"} <= columns[
         "tenants"
     ]

@@ -1,0 +1,64 @@
+"""`loraplex serve`: the demo adapters on first use, then the HTTP server, then a banner that works as printed."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+from litestar import Litestar
+
+from app.bootstrap import DemoAccess
+from app.demo import ensure_demo_adapters
+from app.factory import create_app
+from app.model_store import resolve_model
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 10  # streams in flight get this long to finish on Ctrl-C before they are cancelled
+
+
+def run_server(settings: Settings, host: str, port: int) -> None:
+    demo_adapters: dict[str, Path] = {}
+    if settings.demo:
+        demo_adapters = ensure_demo_adapters(settings, resolve_model(settings.model, settings.home))
+    app = create_app(settings, demo_adapters=demo_adapters)
+    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+
+    async def announce(app: Litestar) -> None:
+        gateway = app.state.gateway
+        sys.stdout.write(banner(base_url, gateway.engine.model_name, gateway.demo))
+        sys.stdout.flush()
+
+    app.on_startup.append(announce)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
+    uvicorn.Server(config).run()
+
+
+def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
+    """What the server prints once it is ready: where it listens, and examples that work as printed."""
+    lines = [f"\nloraplex is serving {base_model} on {base_url}  (OpenAI API under {base_url}/v1)\n"]
+    if demo is None:
+        lines.append("Create a tenant and an API key to call it (see the README).\n")
+        return "\n".join(lines)
+    model = demo.adapters[0] if demo.adapters else base_model
+    lines += [
+        f"Demo tenant key: {demo.api_key}",
+        f"Models for this key: {', '.join((base_model, *demo.adapters))}\n",
+        "Try it with curl:\n",
+        f"  curl -s {base_url}/v1/chat/completions \\",
+        f'    -H "Authorization: Bearer {demo.api_key}" -H "Content-Type: application/json" \\',
+        f'    -d \'{{"model": "{model}", "max_tokens": 48, '
+        '"messages": [{"role": "user", "content": "What is the capital of France?"}]}\'\n',
+        "or with the openai Python package:\n",
+        "  from openai import OpenAI",
+        f'  client = OpenAI(base_url="{base_url}/v1", api_key="{demo.api_key}")',
+        f'  reply = client.chat.completions.create(model="{model}", max_tokens=48,',
+        '      messages=[{"role": "user", "content": "What is the capital of France?"}])',
+        "  print(reply.choices[0].message.content)\n",
+    ]
+    return "\n".join(lines)
