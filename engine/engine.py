@@ -128,6 +128,9 @@ class Engine:
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
             raise RequestError("the prompt is empty; send at least one token")
+        vocab_size = self.model_config.vocab_size
+        if any(not 0 <= token < vocab_size for token in prompt_ids):
+            raise RequestError(f"prompt token ids must be within [0, {vocab_size}), the model's vocabulary")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise RequestError(

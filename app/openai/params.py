@@ -16,6 +16,7 @@ from engine import RequestError, SamplingParams
 
 BodyT = TypeVar("BodyT", ChatCompletionRequest, CompletionRequest)
 
+MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
 MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
 
 
@@ -44,18 +45,22 @@ def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[i
 
 def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list[int]:
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+    if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
         if len(prompt) != 1:
             raise BadRequestError(
-                "Only one prompt per request is supported; send the prompts as separate requests.", param="prompt"
+                "Only one prompt per request is supported; send a string or a list of token ids, or send the "
+                "prompts as separate requests.",
+                param="prompt",
             )
         prompt = prompt[0]
     if isinstance(prompt, str):
         ids = engine.encode_prompt(prompt) if prompt else []
-    else:
+    elif isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
         ids = list(prompt)
-        if any(not 0 <= token < 2**31 for token in ids):
-            raise BadRequestError("Token ids in `prompt` must be non-negative integers.", param="prompt")
+    else:
+        raise BadRequestError("`prompt` must be a string or a list of token ids.", param="prompt")
+    if any(not 0 <= token < MAX_TOKEN_ID for token in ids):
+        raise BadRequestError(f"Token ids in `prompt` must be within [0, {MAX_TOKEN_ID}).", param="prompt")
     if not ids:
         raise BadRequestError("`prompt` is empty; send at least one token.", param="prompt")
     return ids

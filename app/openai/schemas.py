@@ -52,7 +52,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # OpenAI takes a string, token ids, or a list of either; msgspec allows one list type per union,
+    # so the list's items are checked when the prompt is encoded.
+    prompt: str | list[str | int | list[int]]
 
 
 class Usage(msgspec.Struct):

@@ -11,9 +11,10 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from sqlalchemy import select
 
 from app.adapters.store import register_adapter
-from app.db.tables import Tenant
+from app.db.tables import Tenant, UsageEvent
 from app.engine_client import LocalEngineClient
 from app.factory import create_app
 from app.gateway import Gateway
@@ -88,3 +89,25 @@ async def make_tenant(
                 session, gateway.engine, gateway.settings.home, tenant_id=tenant.id, name=adapter_name, source=folder
             )
     return TenantKey(tenant.id, name, key)
+
+
+async def usage_rows(gateway: Gateway) -> list[UsageEvent]:
+    """Every usage row, oldest first, after the writer has written what it holds."""
+    await gateway.writer.flush()
+    async with gateway.database.sessions() as session:
+        return list(await session.scalars(select(UsageEvent).order_by(UsageEvent.id)))
+
+
+def chat_body(model: str, content: str = "What is the capital of France?", **extra: object) -> dict[str, object]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def sse_events(text: str) -> list[str]:
+    """The data payloads of an SSE body, in order."""
+    return [block.removeprefix("data: ") for block in text.split("\n\n") if block.strip()]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.app.gateway_fixtures import gateway_client, make_tenant
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -52,3 +52,81 @@ async def test_streamed_chat_ends_with_done_and_usage_chunk(gateway_settings, de
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] <= 6
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         assert text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": []}, "tools"),
+        ({"temperature": 3.5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+    ],
+)
+async def test_unsupported_or_bad_parameters_get_400_naming_them(gateway_settings, default_engine, extra, param):
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        response = await client.post(CHAT, json=chat_body(default_engine.model_name, **extra), headers=acme.headers)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param
+        assert error["type"] == "invalid_request_error"
+        assert await usage_rows(gateway) == []  # refused before the engine: nothing to bill
+
+
+async def test_prompt_plus_max_tokens_beyond_the_context_is_400(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        body = {"model": default_engine.model_name, "prompt": [1] * 10, "max_tokens": default_engine.max_model_len}
+        response = await client.post("/v1/completions", json=body, headers=acme.headers)
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "context_length_exceeded"
+        assert str(default_engine.max_model_len) in response.json()["error"]["message"]
+
+
+async def test_completions_take_text_or_token_ids_and_usage_rows_match(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        model = default_engine.model_name
+        text = await client.post(
+            "/v1/completions",
+            json={"model": model, "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0},
+            headers=acme.headers,
+        )
+        ids = default_engine.encode_prompt("The capital of France is")
+        tokens = await client.post(
+            "/v1/completions",
+            json={"model": model, "prompt": ids, "max_tokens": 5, "temperature": 0},
+            headers=acme.headers,
+        )
+        assert text.status_code == tokens.status_code == 200
+        assert text.json()["choices"][0]["text"] == tokens.json()["choices"][0]["text"]
+        assert text.json()["object"] == "text_completion"
+        rows = await usage_rows(gateway)
+        assert len(rows) == 2
+        for row, response in zip(rows, (text, tokens), strict=True):
+            usage = response.json()["usage"]
+            assert (row.prompt_tokens, row.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+            assert row.tenant_id == acme.tenant_id and row.adapter_id is None and row.status == "ok"
+            assert row.model == model and row.finish_reason == "length" and row.ttft_ms > 0
+            assert row.request_id == response.headers["x-request-id"]
+
+
+async def test_stream_without_include_usage_has_no_usage_chunk(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        response = await client.post(CHAT, json=chat_body(default_engine.model_name, stream=True), headers=acme.headers)
+        events = sse_events(response.text)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(event) for event in events[:-1]]
+        assert all(chunk["choices"] and chunk.get("usage") is None for chunk in chunks)
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        streamed = sum(1 for c in chunks if c["choices"][0]["delta"].get("content"))
+        (row,) = await usage_rows(gateway)
+        assert row.status == "ok" and 1 <= streamed <= row.completion_tokens <= 8
