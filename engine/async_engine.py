@@ -56,8 +56,13 @@ class _Sink:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def put(self, item: RequestOutput | BaseException) -> bool:
+        """Hand ``item`` to the waiting coroutine; False when its event loop is gone (nobody will read it)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: its server stopped without aborting this request
+            return False
+        return True
 
 
 class AsyncEngine:
@@ -157,8 +162,9 @@ class AsyncEngine:
                     sink = self._sinks.get(output.request_id)
                     if output.finished:
                         self._sinks.pop(output.request_id, None)
-                    if sink is not None:
-                        sink.put(output)
+                    if sink is not None and not sink.put(output) and not output.finished:
+                        self.engine.abort_request(output.request_id)
+                        self._sinks.pop(output.request_id, None)
         except BaseException as error:  # the loop must tell every waiter, whatever went wrong
             logger.exception("engine step loop died")
             self._error = error
