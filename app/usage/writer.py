@@ -1,0 +1,222 @@
+"""The usage writer: the request path hands it records; a background task inserts them in batches.
+
+Nothing is lost because the database is away: records wait in memory while it is unreachable and are
+retried with exponential backoff; whatever is still unwritten at shutdown goes to a spill file that the
+next start re-queues. Only rows the database itself refuses (SQLSTATE class 22, data exception, or 23,
+integrity violation, e.g. an unknown tenant) are dropped, one by one, each with an error log. Retrying
+is safe because ``request_id`` is UNIQUE and every INSERT says ON CONFLICT DO NOTHING: a batch retried
+after a lost commit acknowledgement never counts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import DBAPIError
+
+from app.db.database import Database
+from app.db.tables import UsageEvent
+from app.usage.records import UsageRecord
+
+logger = logging.getLogger(__name__)
+
+INITIAL_BACKOFF_S = 0.2
+MAX_BACKOFF_S = 5.0
+WRITE_TIMEOUT_S = 10.0  # one batch attempt; a database that hangs is treated like one that is down
+MAX_BIND_PARAMS = 32767  # PostgreSQL's wire protocol counts a statement's parameters in 16 bits
+NUM_COLUMNS = len(UsageRecord.__struct_fields__)
+REJECTED_SQLSTATE_CLASSES = ("22", "23")  # data exception, integrity constraint violation
+
+
+def _rejected_by_database(error: Exception) -> bool:
+    """True when the database refused the rows themselves, so sending them again cannot succeed."""
+    sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
+    return isinstance(error, DBAPIError) and str(sqlstate)[:2] in REJECTED_SQLSTATE_CLASSES
+
+
+class UsageWriter:
+    """Batches usage records into ``usage_events``; ``record()`` is all the request path sees."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        spill_path: Path | None = None,
+        flush_interval_s: float = 0.2,
+        max_batch: int = 500,
+    ) -> None:
+        if not 1 <= max_batch * NUM_COLUMNS <= MAX_BIND_PARAMS:
+            raise ValueError(f"max_batch must be between 1 and {MAX_BIND_PARAMS // NUM_COLUMNS}, got {max_batch}")
+        self._database = database
+        self._spill_path = spill_path
+        self._flush_interval_s = flush_interval_s
+        self._max_batch = max_batch
+        self._pending: deque[UsageRecord] = deque()  # oldest first; only the writer removes, from the left
+        self._num_written = 0
+        self._num_from_spill = 0  # re-queued spill records still pending (they lead the queue)
+        self._outage_since: float | None = None
+        self._lock = asyncio.Lock()  # one writing pass at a time: the background task's or a flush()
+        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def num_written(self) -> int:
+        """Records the table now holds (inserted, or already there under the same request_id)."""
+        return self._num_written
+
+    def record(self, rec: UsageRecord) -> None:
+        """Queue one record; never blocks and never raises (callable from any thread)."""
+        self._pending.append(rec)
+        if len(self._pending) == self._max_batch and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing: the record waits for stop()
+                self._loop.call_soon_threadsafe(self._wakeup.set)
+
+    def start(self) -> None:
+        """Re-queue the spill file's records and start writing (call it inside the running event loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._requeue_spilled()
+        self._task = asyncio.create_task(self._run(), name="usage-writer")
+
+    async def flush(self) -> int:
+        """Write what is pending now; returns how many records were written (fewer while the database is away)."""
+        num_written, _ = await self._write_pending()
+        return num_written
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the background task, write what is pending for up to ``timeout_s``, and spill the rest."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            self._task = None
+        self._loop = None
+        backoff_s = INITIAL_BACKOFF_S
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while not (await self._write_pending())[1]:
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+        if self._pending:
+            self._spill()
+
+    async def _run(self) -> None:
+        backoff_s = INITIAL_BACKOFF_S
+        while True:
+            if self._outage_since is None:
+                backoff_s = INITIAL_BACKOFF_S
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self._flush_interval_s)
+            else:
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+            self._wakeup.clear()
+            await self._write_pending()
+
+    async def _write_pending(self) -> tuple[int, bool]:
+        """Write pending records batch by batch: (how many were written, whether the database took them all)."""
+        num_written = 0
+        async with self._lock:
+            while self._pending:
+                batch = list(itertools.islice(self._pending, self._max_batch))
+                try:
+                    async with asyncio.timeout(WRITE_TIMEOUT_S):
+                        num_written += await self._insert(batch)
+                except Exception as error:  # the database is away (or worse): keep everything, retry later
+                    self._note_outage(error)
+                    self._num_written += num_written
+                    return num_written, False
+                self._settle(len(batch))
+            self._num_written += num_written
+            if self._outage_since is not None:
+                outage_s = time.monotonic() - self._outage_since
+                logger.info("usage database is back after %.1f s; wrote %d held records", outage_s, num_written)
+                self._outage_since = None
+        return num_written, True
+
+    async def _insert(self, batch: list[UsageRecord]) -> int:
+        """Insert a batch in one statement; if the database refuses it, insert row by row and drop the refused."""
+        try:
+            await self._execute([rec.to_row() for rec in batch])
+            return len(batch)
+        except DBAPIError as error:
+            if not _rejected_by_database(error):
+                raise
+            logger.warning("the database refused a batch of %d usage records; retrying them one by one", len(batch))
+        num_inserted = 0
+        for rec in batch:
+            try:
+                await self._execute([rec.to_row()])
+            except DBAPIError as error:
+                if not _rejected_by_database(error):
+                    raise
+                logger.error("dropped usage record %s: the database refused it: %s", rec.request_id, error.orig)
+                continue
+            num_inserted += 1
+        return num_inserted
+
+    async def _execute(self, rows: list[dict[str, Any]]) -> None:
+        statement = insert(UsageEvent).values(rows).on_conflict_do_nothing(index_elements=["request_id"])
+        async with self._database.engine.begin() as connection:
+            await connection.execute(statement)
+
+    def _settle(self, num_records: int) -> None:
+        """Take the first ``num_records`` off the queue; remove the spill file once its records are all in."""
+        for _ in range(num_records):
+            self._pending.popleft()
+        if self._num_from_spill > 0:
+            self._num_from_spill = max(0, self._num_from_spill - num_records)
+            if self._num_from_spill == 0 and self._spill_path is not None:
+                self._spill_path.unlink(missing_ok=True)
+
+    def _note_outage(self, error: Exception) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.warning("usage database unavailable (%r); keeping %d records, retrying", error, len(self._pending))
+        else:
+            logger.debug("usage database still unavailable: %r", error)
+
+    def _spill(self) -> None:
+        """Append the unwritten records to the spill file (those re-queued from it are still there)."""
+        if self._spill_path is None:
+            logger.error("usage writer stopped with %d records unwritten and no spill file: lost", len(self._pending))
+            return
+        encoder = msgspec.json.Encoder()
+        new_records = itertools.islice(self._pending, self._num_from_spill, None)
+        try:
+            self._spill_path.parent.mkdir(parents=True, exist_ok=True)
+            with self._spill_path.open("ab") as spill:
+                spill.writelines(encoder.encode(rec) + b"\n" for rec in new_records)
+        except OSError as error:
+            logger.error("could not spill %d unwritten usage records, lost: %s", len(self._pending), error)
+            return
+        logger.warning("usage database unavailable at shutdown: %d records kept in %s", len(self._pending), spill.name)
+
+    def _requeue_spilled(self) -> None:
+        """Put the spill file's records at the head of the queue; the file goes once they are written."""
+        if self._spill_path is None or not self._spill_path.is_file():
+            return
+        decoder = msgspec.json.Decoder(UsageRecord)
+        records: list[UsageRecord] = []
+        for number, line in enumerate(self._spill_path.read_bytes().splitlines(), start=1):
+            try:
+                records.append(decoder.decode(line))
+            except (msgspec.DecodeError, ValueError) as error:
+                logger.error("skipped line %d of the usage spill file %s: %s", number, self._spill_path, error)
+        self._pending.extendleft(reversed(records))
+        self._num_from_spill = len(records)
+        logger.info("re-queued %d usage records from %s", len(records), self._spill_path)
+        if not records:
+            self._spill_path.unlink()
