@@ -86,16 +86,18 @@ def test_client_that_hangs_up_mid_stream_is_billed_as_cancelled(server, database
     base_url = server.url
     acme = _tenant(server, "acme")
     body = chat_body(default_engine.model_name, "Count from one to one hundred.", stream=True, max_tokens=200)
-    with httpx.Client(base_url=base_url, timeout=WAIT_S) as http:
-        with http.stream("POST", "/v1/chat/completions", json=body, headers=acme.headers) as response:
-            assert response.status_code == 200
-            request_id = response.headers["x-request-id"]
-            received = 0
-            for line in response.iter_lines():
-                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
-                    received += 1
-                if received >= 3:
-                    break  # hang up: closing the response closes the connection
+    with (
+        httpx.Client(base_url=base_url, timeout=WAIT_S) as http,
+        http.stream("POST", "/v1/chat/completions", json=body, headers=acme.headers) as response,
+    ):
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        received = 0
+        for line in response.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                received += 1
+            if received >= 3:
+                break  # hang up: closing the response closes the connection
 
     row = _usage(database_url, request_id)
     assert row is not None, "no usage row for a request whose client went away"
