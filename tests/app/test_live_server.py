@@ -124,3 +124,30 @@ def test_metrics_health_and_ready(server, default_engine) -> None:
     assert "loraplex_completion_tokens_total" in text and "loraplex_queue_depth" in text
     assert 'loraplex_pool_pages{owner="free"}' in text
     assert "loraplex_resident_adapters" in text
+
+
+def test_client_that_hangs_up_before_a_non_streamed_answer_is_billed_as_cancelled(
+    server, database_url, default_engine
+) -> None:
+    acme = _tenant(server, "acme")
+    body = chat_body(default_engine.model_name, "Count from one to one hundred.", max_tokens=400)
+    with httpx.Client(base_url=server.url, timeout=1.0) as http, pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/chat/completions", json=body, headers=acme.headers)  # gives up after a second
+
+    async def wait_for_row() -> tuple[str, int]:
+        connection = await asyncpg.connect(database_url)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                row = await connection.fetchrow("SELECT status, completion_tokens FROM usage_events")
+                if row is not None:
+                    return row["status"], row["completion_tokens"]
+                await asyncio.sleep(0.1)
+            raise AssertionError("no usage row for a request whose client went away")
+        finally:
+            await connection.close()
+
+    status, completion_tokens = asyncio.run(wait_for_row())
+    assert status == "cancelled" and completion_tokens < 400
+    stats = server.run(server.gateway.engine.stats())
+    assert stats.num_running == 0 and stats.num_waiting == 0
