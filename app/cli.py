@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import logging
-import sys
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 import click
 
+from app.log_format import configure_logging
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
-from app.request_context import RequestIdLogFilter
 from app.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
-_LOG_DATE_FORMAT = "%H:%M:%S"
 
 
 class _Context:
@@ -41,10 +38,7 @@ pass_context = click.make_pass_decorator(_Context, ensure=True)
     "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder).",
 )
 def cli() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RequestIdLogFilter())
-    handler.setFormatter(logging.Formatter(_LOG_FORMAT, _LOG_DATE_FORMAT))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    configure_logging(json_lines=os.environ.get("LORAPLEX_LOG_FORMAT", "").lower() == "json")
 
 
 @cli.group(help="Manage the base model.")

@@ -1,0 +1,45 @@
+"""Operations: readiness when the database is gone, and log lines that carry the request id."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from app.db.database import Database
+from app.log_format import JsonLogFormatter
+from app.request_context import RequestIdLogFilter
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_ready_is_503_naming_the_database_when_it_does_not_answer(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        assert (await client.get("/ready")).status_code == 200
+        unreachable = Database("postgresql://postgres@/loraplex?host=/nonexistent-socket-dir")
+        working, gateway.database = gateway.database, unreachable
+        try:
+            response = await client.get("/ready")
+        finally:
+            gateway.database = working
+            await unreachable.close()
+        assert response.status_code == 503
+        assert response.json() == {"status": "not ready", "checks": {"model": True, "database": False}}
+
+
+async def test_log_lines_carry_the_request_id_of_their_response(gateway_settings, default_engine, caplog) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        caplog.handler.addFilter(RequestIdLogFilter())
+        with caplog.at_level(logging.INFO):
+            response = await client.post(
+                "/v1/chat/completions", json=chat_body(default_engine.model_name, max_tokens=2), headers=acme.headers
+            )
+        assert response.status_code == 200
+    request_id = response.headers["x-request-id"]
+    (record,) = [r for r in caplog.records if r.name == "app.openai.runs"]
+    assert record.request_id == request_id
+    line = json.loads(JsonLogFormatter().format(record))
+    assert line["request_id"] == request_id and request_id in line["message"] and line["level"] == "info"
