@@ -58,7 +58,13 @@ class EngineClient(Protocol):
 
     async def add_adapter(self, name: str, path: Path) -> str: ...
 
-    async def remove_adapter(self, name: str) -> None: ...
+    async def remove_adapter(self, name: str) -> None:
+        """Forget an adapter and free its pages; AdapterBusyError while unfinished requests use it."""
+        ...
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        """Keep an adapter resident in the pool (loading it now), or let it be evicted again."""
+        ...
 
     def has_adapter(self, name: str) -> bool: ...
 
@@ -127,6 +133,9 @@ class LocalEngineClient:
 
     async def remove_adapter(self, name: str) -> None:
         await self.engine.remove_adapter(name)
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        await self.engine.call(lambda engine: engine.pin_adapter(name, pinned))
 
     def has_adapter(self, name: str) -> bool:
         return self.engine.engine.has_adapter(name)

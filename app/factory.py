@@ -9,6 +9,7 @@ from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
+from app.admin.routes import ADMIN_ROUTES
 from app.engine_client import EngineClient
 from app.errors import ApiError
 from app.gateway import gateway_lifespan
@@ -28,7 +29,7 @@ def create_app(
     """The app; it starts the database, the engine (unless one is given) and the writers when it starts."""
     settings = settings or Settings.from_env()
     return Litestar(
-        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES],
+        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],
         exception_handlers={

@@ -50,6 +50,15 @@ class Settings:
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
 
+    admin_key: str | None = None
+    """An admin key to create on first start if no admin key exists yet (LORAPLEX_ADMIN_KEY)."""
+
+    max_adapter_rank: int = 256
+    """Highest LoRA rank an uploaded adapter may have (LORAPLEX_MAX_ADAPTER_RANK)."""
+
+    max_adapter_bytes: int = 512 * 1024**2
+    """Largest adapter upload accepted, all files together (LORAPLEX_MAX_ADAPTER_MB, in MiB)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -66,6 +75,9 @@ class Settings:
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
+            admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
+            max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK") or 256,
+            max_adapter_bytes=(_int(env, "LORAPLEX_MAX_ADAPTER_MB") or 512) * 1024**2,
         )
 
 

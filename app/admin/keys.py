@@ -1,0 +1,3 @@
+"""Admin routes for keys (being written; see app/admin/routes.py)."""
+
+KEY_ROUTES: list = []

@@ -1,0 +1,3 @@
+"""Admin routes for usage (being written; see app/admin/routes.py)."""
+
+USAGE_ROUTES: list = []
