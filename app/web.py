@@ -34,8 +34,18 @@ def api_error_handler(request: Request, error: ApiError) -> Response:
 
 
 def http_error_handler(request: Request, error: HTTPException) -> Response:
-    """Litestar's own errors (unknown path, wrong method, ...) in OpenAI's shape."""
-    body = {"error": {"message": error.detail, "type": "invalid_request_error", "param": None, "code": None}}
+    """Litestar's own errors (unknown path, wrong method, a body that fails validation) in OpenAI's shape."""
+    message, param = error.detail, None
+    problems = error.extra if isinstance(error.extra, list) else []
+    if problems and isinstance(problems[0], dict):
+        first = problems[0]
+        param = first.get("key") or None
+        text = str(first.get("message", ""))
+        if "`" in text and ("unknown field" in text or "missing required field" in text):
+            param = text.split("`")[1]  # the field itself, not "data"
+        details = "; ".join(str(problem.get("message", problem)) for problem in problems)
+        message = f"Invalid request body: {details}."
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return json_response(body, error.status_code)
 
 
