@@ -48,6 +48,13 @@ class NotFoundError(ApiError):
     code = "not_found"
 
 
+class ConflictError(ApiError):
+    """The request contradicts the current state (a name already taken, a change to a deleted record)."""
+
+    status = 409
+    code = "conflict"
+
+
 class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
