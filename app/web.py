@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from litestar.openapi.datastructures import ResponseSpec
 
 from app.errors import ApiError, InternalError
 from app.gateway import Gateway
@@ -15,6 +16,32 @@ from app.gateway import Gateway
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """OpenAI's error shape, which every error of this API has."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES = {
+    400: ResponseSpec(
+        ErrorBody, description="Invalid request: `param` names the field to fix", generate_examples=False
+    ),
+    401: ResponseSpec(ErrorBody, description="Missing, unknown, revoked or expired API key", generate_examples=False),
+    403: ResponseSpec(
+        ErrorBody, description="The key lacks the scope, or its tenant is disabled", generate_examples=False
+    ),
+    404: ResponseSpec(ErrorBody, description="Not found, or not yours", generate_examples=False),
+}
+"""The error responses every authenticated route documents in the OpenAPI schema."""
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -45,6 +72,10 @@ def http_error_handler(request: Request, error: HTTPException) -> Response:
             param = text.split("`")[1]  # the field itself, not "data"
         details = "; ".join(str(problem.get("message", problem)) for problem in problems)
         message = f"Invalid request body: {details}."
+        if "unknown field" in text:
+            message = f"Unsupported parameter: `{param}`. This server does not support it; remove it from the request."
+        elif "missing required field" in text:
+            message = f"Missing required parameter: `{param}`."
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return json_response(body, error.status_code)
 

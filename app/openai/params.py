@@ -5,16 +5,10 @@ Every check here answers 400 with the parameter's name and what to send instead.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-import msgspec
-
 from app.engine_client import EngineClient
 from app.errors import BadRequestError
 from app.openai.schemas import MAX_STOP_SEQUENCES, ChatCompletionRequest, CompletionRequest
 from engine import RequestError, SamplingParams
-
-BodyT = TypeVar("BodyT", ChatCompletionRequest, CompletionRequest)
 
 MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
 MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
@@ -22,18 +16,6 @@ MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a si
 
 class ContextLengthError(BadRequestError):
     code = "context_length_exceeded"
-
-
-def decode_body(raw: bytes, body_type: type[BodyT]) -> BodyT:
-    """Parse a JSON body into ``body_type``; a 400 naming the field for anything wrong or unsupported."""
-    if not raw:
-        raise BadRequestError("The request body is empty; send a JSON object.")
-    try:
-        return msgspec.json.decode(raw, type=body_type)
-    except msgspec.ValidationError as error:
-        raise BadRequestError(_describe(error), param=_param_of(error)) from None
-    except msgspec.DecodeError as error:
-        raise BadRequestError(f"The request body is not valid JSON: {error}.") from None
 
 
 def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
@@ -109,25 +91,3 @@ def sampling_params(
         )
     except RequestError as error:
         raise BadRequestError(str(error)) from None
-
-
-def _param_of(error: msgspec.ValidationError) -> str | None:
-    """The top-level field a msgspec error is about: from "... at `$.field[0]`" or "unknown field `x`"."""
-    message = str(error)
-    for marker in ("unknown field `", "missing required field `"):
-        if marker in message:
-            return message.split(marker, 1)[1].split("`", 1)[0]
-    if "at `$." in message:
-        path = message.rsplit("at `$.", 1)[1].rstrip("`")
-        return path.split(".", 1)[0].split("[", 1)[0]
-    return None
-
-
-def _describe(error: msgspec.ValidationError) -> str:
-    message = str(error)
-    if "unknown field `" in message:
-        name = _param_of(error)
-        return f"Unsupported parameter: `{name}`. This server does not support it; remove it from the request."
-    if "missing required field `" in message:
-        return f"Missing required parameter: `{_param_of(error)}`."
-    return f"Invalid request: {message}."
