@@ -12,6 +12,7 @@ from pathlib import Path
 from litestar import Litestar
 
 from app.adapters.resolver import ModelResolver
+from app.admin.first_admin import ensure_admin_key
 from app.bootstrap import DemoAccess, ensure_demo_tenant
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
@@ -101,6 +102,8 @@ async def run_gateway(
         )
         if settings.demo:
             gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
+        if settings.admin_key:
+            await ensure_admin_key(database, key_secret, settings.admin_key)
         yield gateway
 
 

@@ -1,3 +1,102 @@
-"""Admin routes for keys (being written; see app/admin/routes.py)."""
+"""Admin routes for API keys (DESIGN.md §8); the logic is in app/admin/key_service.py."""
 
-KEY_ROUTES: list = []
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from litestar import Request, delete, get, post
+from litestar.openapi.spec import Example
+from litestar.params import Body, Parameter
+
+from app.admin.key_service import KeyService
+from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
+from app.admin.tenants import TenantId, admin_of, admin_only
+from app.web import gateway_of
+
+KeyId = Annotated[uuid.UUID, Parameter(description="The key's id (not its prefix), as listings show it.")]
+
+
+def _keys(request: Request) -> KeyService:
+    gateway = gateway_of(request)
+    return KeyService(gateway.database, gateway.key_secret)
+
+
+@post(
+    "/admin/tenants/{tenant_id:uuid}/keys",
+    guards=[admin_only],
+    summary="Create an API key",
+    description="Issues a key for the tenant. The response's `key` is the plaintext, shown this once and stored "
+    "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default) and `admin` (this API).",
+    tags=["admin"],
+)
+async def create_key(
+    request: Request,
+    tenant_id: TenantId,
+    data: Annotated[
+        KeyCreate,
+        Body(
+            title="New API key",
+            examples=[
+                Example(summary="Inference key", value={"name": "backend"}),
+                Example(
+                    summary="Expiring key",
+                    value={"name": "ci", "scopes": ["inference"], "expires_at": "2030-01-01T00:00:00Z"},
+                ),
+            ],
+        ),
+    ],
+) -> KeyCreated:
+    return await _keys(request).create(admin_of(request), tenant_id, data)
+
+
+@get(
+    "/admin/tenants/{tenant_id:uuid}/keys",
+    guards=[admin_only],
+    summary="List a tenant's API keys",
+    description="The tenant's keys, revoked ones included, oldest first: prefixes only, never a secret.",
+    tags=["admin"],
+)
+async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
+    return await _keys(request).list_keys(tenant_id)
+
+
+@delete(
+    "/admin/keys/{key_id:uuid}",
+    guards=[admin_only],
+    status_code=200,
+    summary="Revoke an API key",
+    description="The key is refused within a second. Revoking a revoked key changes nothing.",
+    tags=["admin"],
+)
+async def revoke_key(request: Request, key_id: KeyId) -> KeyOut:
+    return await _keys(request).revoke(admin_of(request), key_id)
+
+
+@post(
+    "/admin/keys/{key_id:uuid}/rotate",
+    guards=[admin_only],
+    summary="Rotate an API key",
+    description="Issues a new key with the same tenant, name and scopes (plaintext in `key`, shown once). The old key "
+    "keeps working for `grace_period_s` seconds (default 3600, at most 30 days), or until its own earlier expiry. "
+    "A revoked key cannot be rotated (409).",
+    tags=["admin"],
+)
+async def rotate_key(
+    request: Request,
+    key_id: KeyId,
+    data: Annotated[
+        KeyRotate,
+        Body(
+            title="Rotation",
+            examples=[
+                Example(summary="One hour of overlap", value={"grace_period_s": 3600}),
+                Example(summary="Stop the old key now", value={"grace_period_s": 0}),
+            ],
+        ),
+    ],
+) -> KeyCreated:
+    return await _keys(request).rotate(admin_of(request), key_id, data)
+
+
+KEY_ROUTES = [create_key, list_keys, revoke_key, rotate_key]

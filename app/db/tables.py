@@ -36,7 +36,8 @@ class Tenant(Base):
     """A customer; its limits are None when unlimited."""
 
     __tablename__ = "tenants"
-    __table_args__ = (CheckConstraint("status IN ('active', 'disabled')", name="tenants_status_check"),)
+    # A deleted tenant keeps its row (and its name) for the usage rows that point at it.
+    __table_args__ = (CheckConstraint("status IN ('active', 'disabled', 'deleted')", name="tenants_status_check"),)
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(Text, unique=True)

@@ -1,0 +1,266 @@
+"""Tenants for the admin API: create, list, read, change, disable and delete, each change audited.
+
+Deleting a tenant is a soft delete: the row stays with status ``deleted`` because ``usage_events`` (the
+billing record) points at it. Its keys are revoked and its adapters marked deleted and removed from the
+engine; requests already running finish first. A deleted tenant cannot be changed or given keys, and its
+name stays taken for good, so usage reports and the audit log never show two tenants under one name;
+choose a new name for a new tenant.
+
+A caller cannot disable or delete its own tenant: that would revoke the key it is using and could leave
+nobody able to administer the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.adapters.resolver import ModelResolver
+from app.admin.audit import record_change
+from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
+from app.db.database import Database
+from app.db.tables import Adapter, ApiKey, Tenant
+from app.engine_client import EngineClient
+from app.errors import ConflictError, NotFoundError
+from app.keys.authenticator import Principal
+from engine.errors import AdapterBusyError
+
+logger = logging.getLogger(__name__)
+
+TENANT = "tenant"  # audit_log.target_type
+DELETED = "deleted"
+UNLOAD_RETRY_S = 0.1  # how often a busy adapter's removal is retried while its last requests finish
+UNLOAD_TIMEOUT_S = 30.0  # longer than a request normally runs; after it the adapter stays until restart
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_budget")
+
+
+def tenant_out(tenant: Tenant) -> TenantOut:
+    return TenantOut(
+        id=tenant.id,
+        name=tenant.name,
+        status=tenant.status,  # type: ignore[arg-type]  # the check constraint keeps it to TenantStatus
+        rpm_limit=tenant.rpm_limit,
+        tpm_limit=tenant.tpm_limit,
+        max_concurrent=tenant.max_concurrent,
+        monthly_token_budget=tenant.monthly_token_budget,
+        created_at=tenant.created_at,
+    )
+
+
+def audit_view(record: msgspec.Struct) -> dict[str, Any]:
+    """A response body as the JSON object stored in audit_log.before/after."""
+    return msgspec.to_builtins(record)
+
+
+async def lock_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> Tenant:
+    """The tenant's row, locked until the transaction ends; NotFoundError for an unknown id."""
+    tenant = await session.get(Tenant, tenant_id, with_for_update=True)
+    if tenant is None:
+        raise NotFoundError(f"No tenant has the id {tenant_id}; list tenants with GET /admin/tenants.")
+    return tenant
+
+
+def refuse_if_deleted(tenant: Tenant, what: str) -> None:
+    if tenant.status == DELETED:
+        raise ConflictError(f"The tenant `{tenant.name}` ({tenant.id}) is deleted, so {what}; create a new tenant.")
+
+
+async def add_tenant(session: AsyncSession, actor: Principal | None, body: TenantCreate) -> Tenant:
+    """Insert the tenant and its audit row in `session` (the caller commits); ConflictError if the name is taken."""
+    await _refuse_taken_name(session, body.name)
+    tenant = Tenant(name=body.name, status="active", **{name: getattr(body, name) for name in LIMIT_FIELDS})
+    session.add(tenant)
+    try:
+        async with session.begin_nested():
+            await session.flush()
+    except IntegrityError as error:  # another request took the name between the check and the insert
+        raise _name_taken(body.name) from error
+    await session.refresh(tenant)  # created_at, which the database fills in
+    record_change(session, actor, "tenant.create", TENANT, tenant.id, None, audit_view(tenant_out(tenant)))
+    logger.info("created tenant %s (%s)", tenant.name, tenant.id)
+    return tenant
+
+
+@dataclass(slots=True)
+class TenantDeletion:
+    """A deleted tenant, and the removal of its adapters that waits for their last requests."""
+
+    tenant: TenantOut
+    engine: EngineClient
+    busy_adapter_ids: list[str] = field(default_factory=list)
+
+    async def finish_unloading(self) -> None:
+        """Retry removing busy adapters every 0.1 s for up to 30 s (run after the response is sent)."""
+        await asyncio.gather(*(_remove_when_idle(self.engine, adapter_id) for adapter_id in self.busy_adapter_ids))
+
+
+class TenantService:
+    """The tenants side of the admin API; every change commits with its audit row."""
+
+    def __init__(self, database: Database, engine: EngineClient, resolver: ModelResolver) -> None:
+        self.database = database
+        self.engine = engine
+        self.resolver = resolver
+
+    async def create(self, actor: Principal, body: TenantCreate) -> TenantOut:
+        async with self.database.sessions() as session, session.begin():
+            return tenant_out(await add_tenant(session, actor, body))
+
+    async def list_tenants(self, include_deleted: bool = False) -> TenantList:
+        query = select(Tenant).order_by(Tenant.name)
+        if not include_deleted:
+            query = query.where(Tenant.status != DELETED)
+        async with self.database.sessions() as session:
+            return TenantList(data=[tenant_out(tenant) for tenant in await session.scalars(query)])
+
+    async def get(self, tenant_id: uuid.UUID) -> TenantOut:
+        async with self.database.sessions() as session:
+            tenant = await session.get(Tenant, tenant_id)
+            if tenant is None:
+                raise NotFoundError(f"No tenant has the id {tenant_id}; list tenants with GET /admin/tenants.")
+            return tenant_out(tenant)
+
+    async def update(self, actor: Principal, tenant_id: uuid.UUID, body: TenantUpdate) -> TenantOut:
+        """Apply the fields that are set; a change that changes nothing writes no audit row."""
+        changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
+        async with self.database.sessions() as session, session.begin():
+            tenant = await lock_tenant(session, tenant_id)
+            refuse_if_deleted(tenant, "it cannot be changed")
+            before = tenant_out(tenant)
+            changes = {name: value for name, value in changes.items() if getattr(tenant, name) != value}
+            if not changes:
+                return before
+            if changes.get("status") == "disabled":
+                _refuse_own_tenant(actor, tenant, "disable")
+            if "name" in changes:
+                await _refuse_taken_name(session, changes["name"])
+            for name, value in changes.items():
+                setattr(tenant, name, value)
+            try:
+                async with session.begin_nested():
+                    await session.flush()
+            except IntegrityError as error:
+                raise _name_taken(changes["name"]) from error
+            after = tenant_out(tenant)
+            record_change(session, actor, "tenant.update", TENANT, tenant.id, audit_view(before), audit_view(after))
+        logger.info("updated tenant %s (%s): %s", tenant.name, tenant.id, ", ".join(sorted(changes)))
+        return after
+
+    async def delete(self, actor: Principal, tenant_id: uuid.UUID) -> TenantDeletion:
+        """Mark the tenant deleted, revoke its keys and delete its adapters; deleting it again changes nothing."""
+        async with self.database.sessions() as session, session.begin():
+            tenant = await lock_tenant(session, tenant_id)
+            if tenant.status == DELETED:
+                return TenantDeletion(tenant_out(tenant), self.engine)
+            _refuse_own_tenant(actor, tenant, "delete")
+            before = tenant_out(tenant)
+            now = datetime.now(UTC)
+            revoked_key_ids = list(
+                await session.scalars(
+                    update(ApiKey)
+                    .where(ApiKey.tenant_id == tenant.id, ApiKey.revoked_at.is_(None))
+                    .values(revoked_at=now)
+                    .returning(ApiKey.id)
+                )
+            )
+            adapters = (
+                await session.execute(
+                    update(Adapter)
+                    .where(Adapter.tenant_id == tenant.id, Adapter.status != DELETED)
+                    .values(status=DELETED)
+                    .returning(Adapter.id, Adapter.name)
+                )
+            ).all()
+            tenant.status = DELETED
+            await session.flush()
+            after = tenant_out(tenant)
+            record_change(
+                session,
+                actor,
+                "tenant.delete",
+                TENANT,
+                tenant.id,
+                audit_view(before),
+                audit_view(after)
+                | {
+                    "revoked_key_ids": sorted(str(key_id) for key_id in revoked_key_ids),
+                    "deleted_adapter_ids": sorted(str(adapter.id) for adapter in adapters),
+                },
+            )
+        logger.info(
+            "deleted tenant %s (%s): %d keys revoked, %d adapters deleted",
+            tenant.name,
+            tenant.id,
+            len(revoked_key_ids),
+            len(adapters),
+        )
+        for adapter in adapters:
+            self.resolver.forget(tenant.id, adapter.name)
+        busy = await _remove_from_engine(self.engine, [str(adapter.id) for adapter in adapters])
+        return TenantDeletion(after, self.engine, busy)
+
+
+async def _refuse_taken_name(session: AsyncSession, name: str) -> None:
+    if await session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
+        raise _name_taken(name)
+
+
+def _name_taken(name: str) -> ConflictError:
+    return ConflictError(
+        f"A tenant named `{name}` already exists (names of deleted tenants stay taken); choose another name.",
+        param="name",
+    )
+
+
+def _refuse_own_tenant(actor: Principal, tenant: Tenant, verb: str) -> None:
+    if tenant.id == actor.tenant_id:
+        raise ConflictError(
+            f"You cannot {verb} the tenant `{tenant.name}` with one of its own keys: that would lock this key out. "
+            "Use an admin key of another tenant (`loraplex admin create-key` makes one in the `admin` tenant)."
+        )
+
+
+async def _remove_from_engine(engine: EngineClient, adapter_ids: Sequence[str]) -> list[str]:
+    """Remove the adapters the engine holds; return those still used by running requests."""
+    busy = []
+    for adapter_id in adapter_ids:
+        if not engine.has_adapter(adapter_id):
+            continue
+        try:
+            await engine.remove_adapter(adapter_id)
+        except AdapterBusyError:
+            busy.append(adapter_id)
+    return busy
+
+
+async def _remove_when_idle(engine: EngineClient, adapter_id: str) -> None:
+    deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+    logger.info("adapter %s of a deleted tenant is in use; removing it once its requests finish", adapter_id)
+    while engine.has_adapter(adapter_id):
+        try:
+            await engine.remove_adapter(adapter_id)
+        except AdapterBusyError:
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "adapter %s of a deleted tenant was still in use after %.0f s; it stays in the engine (no new "
+                    "request can use it) until the server restarts",
+                    adapter_id,
+                    UNLOAD_TIMEOUT_S,
+                )
+                return
+            await asyncio.sleep(UNLOAD_RETRY_S)
+        except Exception:
+            logger.exception("removing adapter %s of a deleted tenant from the engine failed", adapter_id)
+            return
+    logger.info("adapter %s of a deleted tenant removed from the engine", adapter_id)
