@@ -1,6 +1,6 @@
 """First start: a demo tenant with an inference key and the demo adapters, so one command shows it all.
 
-Runs only when the database has no tenant. The demo key's plaintext is kept in the data folder
+Runs only when the database has no tenant yet (but the admin tenant). The demo key's plaintext is kept in the data folder
 (mode 0600) so that every later start can print a working example again, for as long as that key
 exists and is not revoked.
 """
@@ -24,6 +24,7 @@ from app.keys.service import Scope, create_api_key
 logger = logging.getLogger(__name__)
 
 DEMO_TENANT = "demo"
+ADMIN_TENANT = "admin"  # the tenant of admin keys made on the machine (app.admin.first_admin)
 DEMO_KEY_FILE = "demo-key"
 
 
@@ -40,7 +41,9 @@ async def ensure_demo_tenant(
 ) -> DemoAccess | None:
     """Create the demo tenant on an empty database; the demo access if its key still works, else None."""
     async with database.sessions() as session, session.begin():
-        if await session.scalar(select(func.count()).select_from(Tenant)) == 0:
+        # The `admin` tenant of `loraplex admin create-key` may already exist; any other tenant means the
+        # database is in use and the demo is not wanted.
+        if await session.scalar(select(func.count()).select_from(Tenant).where(Tenant.name != ADMIN_TENANT)) == 0:
             tenant = Tenant(name=DEMO_TENANT)
             session.add(tenant)
             await session.flush()

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from prometheus_client import Histogram
+
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
 from app.keys.authenticator import Principal
@@ -55,9 +57,10 @@ async def metered_outputs(
     meter = Meter()
     status = "error"
     labels = (run.principal.tenant_name, run.model.name if run.model.adapter_id else BASE_ADAPTER_LABEL)
+    ttft, inter_token = metrics.ttft.labels(*labels), metrics.inter_token.labels(*labels)  # looked up once a run
     try:
         async for output in engine.generate(run.prompt_ids, run.params, run.request_id, run.model.engine_adapter):
-            _observe_latency(meter, output, metrics, labels, start)
+            _observe_latency(meter, output, ttft, inter_token, start)
             meter.last = output
             yield output
         status = "ok"
@@ -69,16 +72,16 @@ async def metered_outputs(
 
 
 def _observe_latency(
-    meter: Meter, output: RequestOutput, metrics: GatewayMetrics, labels: tuple[str, str], start: float
+    meter: Meter, output: RequestOutput, ttft: Histogram, inter_token: Histogram, start: float
 ) -> None:
     if not output.delta_token_ids:
         return
     now = time.perf_counter()
     if meter.first_token_at is None:
         meter.first_token_at = now
-        metrics.ttft.labels(*labels).observe(now - start)
+        ttft.observe(now - start)
     elif meter.last_output_at is not None:
-        metrics.inter_token.labels(*labels).observe(now - meter.last_output_at)
+        inter_token.observe(now - meter.last_output_at)
     meter.last_output_at = now
 
 
