@@ -1,8 +1,8 @@
 """First start: a demo tenant with an inference key and the demo adapters, so one command shows it all.
 
-Runs only when the database has no tenant yet (but the admin tenant). The demo key's plaintext is kept in the data folder
-(mode 0600) so that every later start can print a working example again, for as long as that key
-exists and is not revoked.
+Runs only when the database has no tenant yet (the admin tenant aside). The demo key's plaintext is
+kept in the data folder (mode 0600) so that every later start can print a working example again, for
+as long as that key exists and is not revoked.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from app.adapters.store import register_adapter
+from app.admin.first_admin import ADMIN_TENANT
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
 from app.engine_client import EngineClient
@@ -24,7 +25,6 @@ from app.keys.service import Scope, create_api_key
 logger = logging.getLogger(__name__)
 
 DEMO_TENANT = "demo"
-ADMIN_TENANT = "admin"  # the tenant of admin keys made on the machine (app.admin.first_admin)
 DEMO_KEY_FILE = "demo-key"
 
 
