@@ -7,7 +7,8 @@ the child creates one tenant and one inference key in the database and writes th
 and the database URL to a file the parent reads.
 
 The parent sends requests open-loop at ``--rate`` per second (send times come from the clock, never
-from earlier replies) over keep-alive connections, for ``--duration`` seconds after one second of
+from earlier replies) over keep-alive connections of a minimal HTTP/1.1 client (``raw_http.py``:
+httpx alone costs as much CPU per request as the server under test), for ``--duration`` seconds after one second of
 warm-up that is not counted, in three phases at the same rate:
 
 - ``floor``: ``GET /health``, the cost of HTTP, uvicorn and this load generator on this machine;
@@ -24,8 +25,8 @@ flushes every 0.2 s): there must be one per completion request sent, warm-up inc
 The figures are latencies on a machine shared with the load generator, PostgreSQL and whatever else
 runs there: ``floor_p99_ms`` says how much of a p99 the machine itself costs, and the CPU time per
 request of each side (``*_cpu_ms_per_request``, from /proc) does not depend on that sharing. uvicorn's
-``auto`` loop and HTTP parser are uvloop and httptools when they are installed (the project does not
-depend on them), asyncio and h11 otherwise; ``server_loop`` and ``server_http`` say which ran.
+``auto`` loop and HTTP parser are uvloop and httptools (the project installs uvicorn[standard]);
+``server_loop`` and ``server_http`` say which ran.
 
     python scripts/bench_gateway.py --json        # last line: one JSON object
 """
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from raw_http import RawConnectionPool, encode_request
 
 logger = logging.getLogger("bench_gateway")
 
@@ -223,25 +225,27 @@ async def _timed(send: Send, scheduled_at: float) -> tuple[float, bool]:
     return time.perf_counter() - scheduled_at, ok
 
 
-def senders(client: httpx.AsyncClient, key: str, model: str) -> dict[str, Send]:
-    """The three phases' requests, bodies encoded once; each checks that the answer is the whole answer."""
+def senders(pool: RawConnectionPool, key: str, model: str) -> dict[str, Send]:
+    """The three phases' requests, encoded once; each checks that the answer is the whole answer."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     chat = {"model": model, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": PROMPT}]}
-    chat_body = json.dumps(chat).encode()
-    stream_body = json.dumps({**chat, "stream": True}).encode()
+    health = encode_request("GET", "/health", {})
+    chat_request = encode_request("POST", "/v1/chat/completions", headers, json.dumps(chat).encode())
+    stream_request = encode_request(
+        "POST", "/v1/chat/completions", headers, json.dumps({**chat, "stream": True}).encode()
+    )
 
     async def floor() -> bool:
-        response = await client.get("/health")
-        return response.status_code == 200
+        status, _ = await pool.request(health)
+        return status == 200
 
     async def chat_completion() -> bool:
-        response = await client.post("/v1/chat/completions", content=chat_body, headers=headers)
-        return response.status_code == 200 and b'"finish_reason":"length"' in response.content
+        status, body = await pool.request(chat_request)
+        return status == 200 and b'"finish_reason":"length"' in body
 
     async def chat_stream() -> bool:
-        async with client.stream("POST", "/v1/chat/completions", content=stream_body, headers=headers) as response:
-            data = await response.aread()
-        return response.status_code == 200 and data.endswith(b"data: [DONE]\n\n")
+        status, body = await pool.request(stream_request)
+        return status == 200 and body.endswith(b"data: [DONE]\n\n")
 
     return {"floor": floor, "chat": chat_completion, "stream": chat_stream}
 
@@ -284,7 +288,8 @@ async def measure(
         await wait_ready(client, server, SERVER_START_TIMEOUT_S)
         results: dict[str, PhaseResult] = {}
         num_completions = 0
-        for name, send in senders(client, info["key"], info["model"]).items():
+        pool = RawConnectionPool(int(info["port"]))
+        for name, send in senders(pool, info["key"], info["model"]).items():
             warmup = await run_phase(name, send, rate, WARMUP_S, server.pid)
             result = await run_phase(name, send, rate, duration_s, server.pid)
             if name != "floor":
@@ -301,6 +306,7 @@ async def measure(
                 result.server_cpu_ms_per_request,
                 result.client_cpu_ms_per_request,
             )
+        await pool.close()
     usage_rows = await count_usage_rows(info["database_url"], num_completions)
     return results, num_completions, usage_rows
 
