@@ -10,6 +10,7 @@ from typing import TypeVar
 
 import click
 
+from app.cli_admin import MANAGEMENT_GROUPS, create_admin_key_locally
 from app.log_format import configure_logging
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
 from app.settings import Settings, SettingsError
@@ -35,10 +36,15 @@ pass_context = click.make_pass_decorator(_Context, ensure=True)
 @click.group(
     help="A multi-tenant multi-LoRA gateway: one base model, many tenants' adapters.",
     epilog="Environment: LORAPLEX_HOME (data folder), LORAPLEX_MODEL ('default' or a model folder), "
-    "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder).",
+    "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder). The management commands "
+    "(tenants, keys, adapters, usage) call a running server: LORAPLEX_URL, LORAPLEX_ADMIN_KEY.",
 )
 def cli() -> None:
     configure_logging(json_lines=os.environ.get("LORAPLEX_LOG_FORMAT", "").lower() == "json")
+
+
+for _group in MANAGEMENT_GROUPS:
+    cli.add_command(_group)
 
 
 @cli.group(help="Manage the base model.")
@@ -79,6 +85,21 @@ def db_upgrade(context: _Context) -> None:
 def db_url(context: _Context) -> None:
     with _database_url(context.settings) as url:
         click.echo(url)
+
+
+@cli.group(help="Administer the database in use directly (no server needed).")
+def admin() -> None:
+    pass
+
+
+@admin.command("create-key", help="Create a key with the `admin` scope and print it; it is shown only this once.")
+@click.option("--name", default="admin", show_default=True, help="A label for the key.")
+@pass_context
+def admin_create_key(context: _Context, name: str) -> None:
+    with _database_url(context.settings) as url:
+        key = create_admin_key_locally(context.settings, url, name)
+    click.echo(key)
+    click.echo("This admin key is shown only now: store it, e.g. as LORAPLEX_ADMIN_KEY.", err=True)
 
 
 @cli.command(help="Start the server (the OpenAI API on /v1, operations on /health, /ready, /metrics).")

@@ -1,0 +1,472 @@
+"""The management commands: ``loraplex tenants|keys|adapters|usage ...`` against a running server's admin API.
+
+Each group takes ``--url`` (LORAPLEX_URL) and ``--admin-key`` (LORAPLEX_ADMIN_KEY). Lists print a table
+(``--json`` for machines), changes print one line each, and every failure exits non-zero with one line
+saying what went wrong. ``create_admin_key_locally`` backs ``loraplex admin create-key``, which works on
+the database itself, for the first admin key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from tqdm import tqdm
+
+from app.admin_client import DEFAULT_URL, AdminClient, AdminError
+from app.settings import Settings
+
+URL_ENV = "LORAPLEX_URL"
+ADMIN_KEY_ENV = "LORAPLEX_ADMIN_KEY"
+NO_ADMIN_KEY = f"no admin key: pass --admin-key or set {ADMIN_KEY_ENV}"
+SCOPES = ("inference", "admin")
+DEFAULT_GRACE_PERIOD_S = 3600  # the server's default too: an hour to roll the new key out
+NONE_SHOWN = "-"  # an unset limit or time in a table
+
+TENANT_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("STATUS", "status"),
+    ("RPM", "rpm_limit"),
+    ("TPM", "tpm_limit"),
+    ("CONCURRENT", "max_concurrent"),
+    ("MONTHLY TOKENS", "monthly_token_budget"),
+    ("CREATED", "created_at"),
+]
+KEY_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("PREFIX", "prefix"),
+    ("SCOPES", "scopes"),
+    ("CREATED", "created_at"),
+    ("EXPIRES", "expires_at"),
+    ("REVOKED", "revoked_at"),
+    ("LAST USED", "last_used_at"),
+]
+ADAPTER_COLUMNS = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("RANK", "rank"),
+    ("ALPHA", "alpha"),
+    ("MODULES", "target_modules"),
+    ("SIZE", "size_bytes"),
+    ("STATUS", "status"),
+    ("LOADED", "loaded"),
+    ("PINNED", "pinned"),
+    ("CREATED", "created_at"),
+]
+
+
+class Connection:
+    """The server a group's commands talk to; the client is made on first use, so --help needs no key."""
+
+    def __init__(self, url: str, admin_key: str | None) -> None:
+        self.url = url
+        self.admin_key = admin_key
+        self._client: AdminClient | None = None
+
+    def client(self) -> AdminClient:
+        if not self.admin_key:
+            raise click.ClickException(NO_ADMIN_KEY)
+        if self._client is None:
+            self._client = AdminClient(self.url, self.admin_key)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+pass_connection = click.make_pass_decorator(Connection)
+
+
+class _ManagementGroup(click.Group):
+    """A group whose commands' AdminErrors end the program with their one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AdminError as error:
+            raise click.ClickException(str(error)) from None
+
+
+def _management_group(name: str, help: str) -> click.Group:
+    @click.group(name, cls=_ManagementGroup, help=help)
+    @click.option("--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True, help=f"The server ({URL_ENV}).")
+    @click.option("--admin-key", envvar=ADMIN_KEY_ENV, help=f"A key with the `admin` scope ({ADMIN_KEY_ENV}).")
+    @click.pass_context
+    def group(ctx: click.Context, url: str, admin_key: str | None) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line per request is noise in a command's output
+        ctx.obj = Connection(url, admin_key)
+        ctx.call_on_close(ctx.obj.close)
+
+    return group
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the server's JSON instead of text.")
+
+
+def _limit_option(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(flag, type=click.IntRange(min=0), help=f"{help} (default: unlimited).")
+
+
+# tenants
+
+tenants = _management_group("tenants", "Create, list and disable tenants on a running server.")
+
+
+@tenants.command("create", help="Create a tenant named NAME.")
+@click.argument("name")
+@_limit_option("--rpm", "Requests a minute")
+@_limit_option("--tpm", "Tokens a minute")
+@_limit_option("--max-concurrent", "Requests running at once")
+@_limit_option("--monthly-token-budget", "Tokens a calendar month")
+@json_option
+@pass_connection
+def tenants_create(
+    connection: Connection,
+    name: str,
+    rpm: int | None,
+    tpm: int | None,
+    max_concurrent: int | None,
+    monthly_token_budget: int | None,
+    as_json: bool,
+) -> None:
+    tenant = connection.client().create_tenant(
+        name, rpm_limit=rpm, tpm_limit=tpm, max_concurrent=max_concurrent, monthly_token_budget=monthly_token_budget
+    )
+    _show(tenant, as_json, f"created tenant {tenant['name']} ({tenant['id']})")
+
+
+@tenants.command("list", help="List the tenants.")
+@json_option
+@pass_connection
+def tenants_list(connection: Connection, as_json: bool) -> None:
+    _show_list(connection.client().list_tenants(), TENANT_COLUMNS, as_json, "no tenants")
+
+
+@tenants.command("disable", help="Disable TENANT (an id or a name): its keys are refused within a second.")
+@click.argument("tenant")
+@pass_connection
+def tenants_disable(connection: Connection, tenant: str) -> None:
+    client = connection.client()
+    record = client.update_tenant(client.resolve_tenant(tenant)["id"], status="disabled")
+    click.echo(f"disabled tenant {record['name']} ({record['id']})")
+
+
+# keys
+
+keys = _management_group("keys", "Create, list, revoke and rotate API keys on a running server.")
+
+
+@keys.command("create", help="Create an API key for TENANT (an id or a name) and print it, the only time it is shown.")
+@click.argument("tenant")
+@click.option("--name", default="default", show_default=True, help="A label for people, e.g. 'ci' or 'backend'.")
+@click.option(
+    "--scope",
+    "scopes",
+    type=click.Choice(SCOPES),
+    multiple=True,
+    help="What the key may do; repeat for both (default: inference).",
+)
+@click.option("--expires-at", help="When the key stops working, ISO 8601 with an offset, e.g. 2030-01-01T00:00:00Z.")
+@json_option
+@pass_connection
+def keys_create(
+    connection: Connection, tenant: str, name: str, scopes: tuple[str, ...], expires_at: str | None, as_json: bool
+) -> None:
+    client = connection.client()
+    owner = client.resolve_tenant(tenant)
+    key = client.create_key(owner["id"], name, list(scopes or ("inference",)), _checked_time(expires_at))
+    scope_text = ",".join(key["scopes"])
+    line = f"created key {key['name']} ({key['id']}) for tenant {owner['name']} (scopes {scope_text}): {key['key']}"
+    _show(key, as_json, line)
+    _warn_shown_once()
+
+
+@keys.command("list", help="List the API keys of TENANT (an id or a name); prefixes only, never secrets.")
+@click.argument("tenant")
+@json_option
+@pass_connection
+def keys_list(connection: Connection, tenant: str, as_json: bool) -> None:
+    client = connection.client()
+    _show_list(client.list_keys(client.resolve_tenant(tenant)["id"]), KEY_COLUMNS, as_json, "no keys")
+
+
+@keys.command("revoke", help="Revoke the key KEY_ID: it is refused within a second.")
+@click.argument("key_id")
+@pass_connection
+def keys_revoke(connection: Connection, key_id: str) -> None:
+    key = connection.client().revoke_key(key_id)
+    click.echo(f"revoked key {key.get('name', '')} ({key.get('prefix', '')}, {key_id})")
+
+
+@keys.command("rotate", help="Replace the key KEY_ID with a new one (printed once); the old one works a while more.")
+@click.argument("key_id")
+@click.option(
+    "--grace-period",
+    type=click.IntRange(min=0),
+    default=DEFAULT_GRACE_PERIOD_S,
+    show_default=True,
+    help="Seconds the old key keeps working.",
+)
+@json_option
+@pass_connection
+def keys_rotate(connection: Connection, key_id: str, grace_period: int, as_json: bool) -> None:
+    key = connection.client().rotate_key(key_id, grace_period)
+    line = f"rotated key {key_id} to {key['name']} ({key['id']}), old key valid {grace_period} s more: {key['key']}"
+    _show(key, as_json, line)
+    _warn_shown_once()
+
+
+# adapters
+
+adapters = _management_group("adapters", "Upload, list, load, pin and delete adapters on a running server.")
+
+
+@adapters.command("upload", help="Upload the PEFT LoRA in FOLDER as TENANT's adapter NAME (its `model` name).")
+@click.argument("tenant")
+@click.argument("name")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--replace", is_flag=True, help="Replace the tenant's adapter of that name.")
+@json_option
+@pass_connection
+def adapters_upload(connection: Connection, tenant: str, name: str, folder: Path, replace: bool, as_json: bool) -> None:
+    client = connection.client()
+    owner = client.resolve_tenant(tenant)
+    bar = _UploadBar(f"uploading {name}")
+    try:
+        adapter = client.upload_adapter(
+            owner["id"], name, folder, replace=replace, on_start=bar.start, on_bytes=bar.update
+        )
+    finally:
+        bar.close()
+    state = "loaded" if adapter.get("loaded") else "not loaded"
+    line = (
+        f"uploaded adapter {adapter['name']} ({adapter['id']}) for tenant {owner['name']}: rank {adapter['rank']}, "
+        f"{_size(adapter['size_bytes'])}, {state}"
+    )
+    _show(adapter, as_json, line)
+
+
+@adapters.command("list", help="List the adapters of TENANT (an id or a name).")
+@click.argument("tenant")
+@json_option
+@pass_connection
+def adapters_list(connection: Connection, tenant: str, as_json: bool) -> None:
+    client = connection.client()
+    _show_list(client.list_adapters(client.resolve_tenant(tenant)["id"]), ADAPTER_COLUMNS, as_json, "no adapters")
+
+
+@adapters.command("load", help="Load the adapter ADAPTER_ID into the engine now (else its first request does).")
+@click.argument("adapter_id")
+@pass_connection
+def adapters_load(connection: Connection, adapter_id: str) -> None:
+    _changed("loaded", adapter_id, connection.client().adapter_action(adapter_id, "load"))
+
+
+@adapters.command("unload", help="Unload the adapter ADAPTER_ID from the engine (its next request loads it again).")
+@click.argument("adapter_id")
+@pass_connection
+def adapters_unload(connection: Connection, adapter_id: str) -> None:
+    _changed("unloaded", adapter_id, connection.client().adapter_action(adapter_id, "unload"))
+
+
+@adapters.command("delete", help="Delete the adapter ADAPTER_ID; its usage rows stay.")
+@click.argument("adapter_id")
+@pass_connection
+def adapters_delete(connection: Connection, adapter_id: str) -> None:
+    _changed("deleted", adapter_id, connection.client().delete_adapter(adapter_id))
+
+
+@adapters.command("pin", help="Keep the adapter ADAPTER_ID resident in the engine's pool (--unpin: let it go).")
+@click.argument("adapter_id")
+@click.option("--unpin", is_flag=True, help="Unpin instead.")
+@pass_connection
+def adapters_pin(connection: Connection, adapter_id: str, unpin: bool) -> None:
+    adapter = connection.client().pin_adapter(adapter_id, pinned=not unpin)
+    _changed("unpinned" if unpin else "pinned", adapter_id, adapter)
+
+
+# usage
+
+usage = _management_group("usage", "Export usage per day, tenant and adapter from a running server.")
+
+
+@usage.command("export", help="Print (or write to --output) usage per UTC day, tenant and adapter.")
+@click.option("--start", help="First day, YYYY-MM-DD (default: 29 days before --end).")
+@click.option("--end", help="Last day, YYYY-MM-DD, included (default: today, UTC).")
+@click.option("--tenant", help="Only this tenant (an id or a name).")
+@click.option("--adapter", help="Only this adapter (its id).")
+@click.option("--format", "output_format", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write to this file.")
+@pass_connection
+def usage_export(
+    connection: Connection,
+    start: str | None,
+    end: str | None,
+    tenant: str | None,
+    adapter: str | None,
+    output_format: str,
+    output: Path | None,
+) -> None:
+    client = connection.client()
+    tenant_id = None if tenant is None else client.resolve_tenant(tenant)["id"]
+    body = client.usage(start=start, end=end, tenant_id=tenant_id, adapter_id=adapter, format=output_format)
+    if output is None:
+        click.echo(body, nl=not body.endswith(b"\n"))
+        return
+    output.write_bytes(body)
+    if output_format == "csv":
+        num_rows = sum(1 for _ in csv.reader(io.StringIO(body.decode()))) - 1  # less the header line
+    else:
+        num_rows = len(json.loads(body)["data"])
+    click.echo(f"wrote {num_rows} usage rows to {output}")
+
+
+MANAGEMENT_GROUPS = [tenants, keys, adapters, usage]
+
+
+def create_admin_key_locally(settings: Settings, database_url: str, name: str) -> str:
+    """Migrate the database, then make a key with the `admin` scope in it; return the plaintext."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.admin.first_admin import create_admin_key
+    from app.db.database import Database
+    from app.db.migrate import upgrade
+    from app.keys.secrets import load_or_create_key_secret
+
+    async def create(secret: bytes) -> str:
+        database = Database(database_url)
+        try:
+            return await create_admin_key(database, secret, name)
+        finally:
+            await database.close()
+
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    root_logger.setLevel(logging.WARNING)  # the key is this command's output; migration and audit lines are noise
+    try:
+        upgrade(database_url)
+        return asyncio.run(create(load_or_create_key_secret(settings.home, settings.key_secret)))
+    except (SQLAlchemyError, OSError) as error:
+        raise click.ClickException(f"cannot create the key in the database: {_first_line(error)}") from None
+    except RuntimeError as error:  # e.g. the `admin` tenant was deleted
+        raise click.ClickException(_first_line(error)) from None
+    finally:
+        root_logger.setLevel(level)
+
+
+def _show(record: dict[str, Any], as_json: bool, line: str) -> None:
+    click.echo(json.dumps(record, indent=2) if as_json else line)
+
+
+def _show_list(rows: list[dict[str, Any]], columns: list[tuple[str, str]], as_json: bool, empty: str) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        click.echo(empty)
+    else:
+        click.echo(_table(rows, columns))
+
+
+def _changed(verb: str, adapter_id: str, adapter: dict[str, Any]) -> None:
+    name = adapter.get("name")
+    click.echo(f"{verb} adapter {name} ({adapter_id})" if name else f"{verb} adapter {adapter_id}")
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    cells = [[header for header, _ in columns]]
+    cells += [[_cell(field, row.get(field)) for _, field in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells
+    )
+
+
+def _cell(field: str, value: Any) -> str:
+    if value is None:
+        return NONE_SHOWN
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    if field.endswith("_at"):
+        return _when(value)
+    if field == "size_bytes":
+        return _size(value)
+    return str(value)
+
+
+def _when(value: str) -> str:
+    """A server time as ``2026-03-01 12:00:05Z`` (UTC, to the second)."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S}Z"
+
+
+def _size(num_bytes: int) -> str:
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _checked_time(value: str | None) -> str | None:
+    """An --expires-at value, checked to be an ISO 8601 time with an offset, as the server wants it."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.ClickException(
+            f"--expires-at {value!r} is not an ISO 8601 time, e.g. 2030-01-01T00:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise click.ClickException(f"--expires-at {value!r} has no offset; add one, e.g. Z for UTC")
+    return moment.isoformat()
+
+
+class _UploadBar:
+    """A progress bar in bytes on stderr, shown once the upload's length is known."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._bar: tqdm | None = None
+
+    def start(self, num_bytes: int) -> None:
+        self._bar = tqdm(
+            desc=self.label, total=num_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr
+        )
+
+    def update(self, num_bytes: int) -> None:
+        if self._bar is not None:
+            self._bar.update(num_bytes)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _warn_shown_once() -> None:
+    click.echo("The key is shown only now: store it somewhere safe.", err=True)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
