@@ -24,7 +24,7 @@ from app.admin.usage_service import (
     usage_filename,
     usage_report,
 )
-from app.web import gateway_of, json_response
+from app.web import ERROR_RESPONSES, gateway_of, json_response
 
 StartParam = Annotated[str | None, QueryParameter(description="First day (UTC), YYYY-MM-DD", format="date")]
 EndParam = Annotated[str | None, QueryParameter(description="Last day (UTC), included; default: today", format="date")]
@@ -72,7 +72,8 @@ EXAMPLE_REPORT = UsageReport(
             generate_examples=False,
             description="The usage rows (JSON; `format=csv` gives the same rows as CSV)",
             examples=[Example(summary="One tenant's adapter on one day", value=msgspec.to_builtins(EXAMPLE_REPORT))],
-        )
+        ),
+        **{status: ERROR_RESPONSES[status] for status in (400, 401, 403)},
     },
 )
 async def get_usage(
