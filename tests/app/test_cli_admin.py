@@ -104,7 +104,8 @@ def test_round_trip(server: LiveServer, loraplex: Loraplex, tenant_adapters: dic
 
     listed = {row["NAME"]: row for row in table(succeeded(loraplex("tenants", "list")))}
     assert listed["acme"]["ID"] == tenant_id
-    assert (listed["acme"]["STATUS"], listed["acme"]["RPM"], listed["acme"]["TPM"]) == ("active", "600", "-")
+    acme = listed["acme"]
+    assert (acme["STATUS"], acme["RPM"], acme["TPM"], acme["CONCURRENT"]) == ("active", "600", "-", "4")
     as_json = json.loads(succeeded(loraplex("tenants", "list", "--json")))
     assert {tenant["name"] for tenant in as_json} == set(listed)
 
@@ -196,7 +197,8 @@ def test_no_admin_key_is_one_line(server: LiveServer) -> None:
 
 
 def test_admin_key_option_overrides_the_environment(server: LiveServer, admin_key: str) -> None:
-    result = runner_for(server.url, None)("usage", "--admin-key", admin_key, "export", "--format", "json")
+    user = server.run(make_tenant(server.gateway, "user"))  # in the environment: a key the admin API refuses
+    result = runner_for(server.url, user.key)("usage", "--admin-key", admin_key, "export", "--format", "json")
     assert json.loads(succeeded(result))["data"] == []
 
 
