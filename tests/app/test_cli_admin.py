@@ -181,6 +181,8 @@ def test_round_trip(server: LiveServer, loraplex: Loraplex, tenant_adapters: dic
         and int(pirate[0]["completion_tokens"]) == answer.json()["usage"]["completion_tokens"]
     )
     assert {row["tenant_id"] for row in rows} == {tenant_id}
+    by_adapter = json.loads(succeeded(loraplex("usage", "export", "--adapter", adapter_id, "--format", "json")))
+    assert [row["model"] for row in by_adapter["data"]] == ["pirate"]
     output = server.gateway.settings.home / "usage.json"
     written = succeeded(loraplex("usage", "export", "--format", "json", "--output", str(output)))
     assert written == f"wrote {len(rows)} usage rows to {output}\n"
