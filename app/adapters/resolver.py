@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 CACHE_TTL_S = 1.0  # how long a lookup is trusted; deletions take effect within it
 MAX_CACHE_ENTRIES = 100_000
+# Deleted adapters this process refuses to load again. Only a request that read the row just before the
+# deletion can still ask for one, so remembering the most recent deletions is enough.
+MAX_RETIRED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,8 @@ class ModelResolver:
         self.engine = engine
         self._cache: dict[tuple[uuid.UUID, str], tuple[float, _AdapterRecord | None]] = {}
         self._loading: dict[str, asyncio.Lock] = {}
+        self._num_loading: dict[str, int] = {}  # callers inside or waiting for each lock of ``_loading``
+        self._retired: OrderedDict[str, None] = OrderedDict()
 
     async def resolve(self, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
         if model == self.engine.model_name:
@@ -63,7 +69,8 @@ class ModelResolver:
         if record is None:
             raise ModelNotFoundError(model)
         resolved = ResolvedModel(model, record.adapter_id)
-        await self._ensure_loaded(resolved.engine_adapter, record.storage_path)
+        if not await self._ensure_loaded(resolved.engine_adapter, record.storage_path):
+            raise ModelNotFoundError(model)  # deleted while this request was looking it up
         return resolved
 
     async def list_adapter_names(self, tenant_id: uuid.UUID) -> list[tuple[str, int]]:
@@ -80,6 +87,20 @@ class ModelResolver:
     def forget(self, tenant_id: uuid.UUID, model: str) -> None:
         """Drop a cached lookup at once (after this process changed the adapter)."""
         self._cache.pop((tenant_id, model), None)
+
+    async def ensure_loaded(self, adapter_id: uuid.UUID, path: Path) -> bool:
+        """Register an adapter in the engine unless it is there already (admin load); False if it was retired."""
+        return await self._ensure_loaded(str(adapter_id), path)
+
+    def retire(self, adapter_id: uuid.UUID) -> None:
+        """Never register this (deleted) adapter again; requests that still resolve it get 404."""
+        self._retired[str(adapter_id)] = None
+        if len(self._retired) > MAX_RETIRED:
+            self._retired.popitem(last=False)
+
+    def is_loading(self, adapter_id: uuid.UUID) -> bool:
+        """True while a registration of this adapter in the engine is under way."""
+        return str(adapter_id) in self._num_loading
 
     async def _lookup(self, tenant_id: uuid.UUID, model: str) -> _AdapterRecord | None:
         key = (tenant_id, model)
@@ -98,12 +119,30 @@ class ModelResolver:
         self._cache[key] = (now, record)
         return record
 
-    async def _ensure_loaded(self, engine_name: str | None, path: Path) -> None:
-        if engine_name is None or self.engine.has_adapter(engine_name):
-            return
+    async def _ensure_loaded(self, engine_name: str | None, path: Path) -> bool:
+        """Register the adapter if the engine lacks it; False (and nothing done) when it was retired.
+
+        The retired check and the entry in ``_loading`` happen with no await between them, so once
+        :meth:`retire` returns, a registration is either visible through :meth:`is_loading` or never starts.
+        """
+        if engine_name is None:
+            return True
+        if engine_name in self._retired:
+            return False
+        if self.engine.has_adapter(engine_name):
+            return True
         lock = self._loading.setdefault(engine_name, asyncio.Lock())
-        async with lock:
-            if not self.engine.has_adapter(engine_name):
-                await self.engine.add_adapter(engine_name, path)
-                logger.info("adapter %s registered in the engine from %s", engine_name, path)
-        self._loading.pop(engine_name, None)
+        self._num_loading[engine_name] = self._num_loading.get(engine_name, 0) + 1
+        try:
+            async with lock:
+                if engine_name in self._retired:
+                    return False
+                if not self.engine.has_adapter(engine_name):
+                    await self.engine.add_adapter(engine_name, path)
+                    logger.info("adapter %s registered in the engine from %s", engine_name, path)
+        finally:
+            self._num_loading[engine_name] -= 1
+            if not self._num_loading[engine_name]:
+                del self._num_loading[engine_name]
+                del self._loading[engine_name]
+        return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -10,11 +11,14 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.tables import Adapter
-from app.engine_client import EngineClient
+from app.engine_client import AdapterInfo, EngineClient
 
 logger = logging.getLogger(__name__)
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+UPLOADS_FOLDER = ".uploads"
+STORED_FOLDER_MODE = 0o755  # upload folders are created private (0700); stored ones read like copied ones
+DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def store_root(home: Path) -> Path:
@@ -24,6 +28,38 @@ def store_root(home: Path) -> Path:
 def stored_folder(home: Path, digest: str) -> Path:
     """Where the adapter with ``digest`` lives; the same bytes uploaded twice share one folder."""
     return store_root(home) / digest
+
+
+def uploads_root(home: Path) -> Path:
+    """Where uploads are received, one private random folder each; nothing there is ever served."""
+    return store_root(home) / UPLOADS_FOLDER
+
+
+def move_into_store(folder: Path, home: Path, digest: str) -> tuple[Path, bool]:
+    """Move a received folder (holding only the two files) into the store under ``digest``.
+
+    Returns the stored folder and whether this call created it; when the digest is stored already, the
+    folder stays where it is (its owner removes it) and the stored copy, with the same bytes, is used.
+    """
+    target = stored_folder(home, digest)
+    if target.is_dir():
+        return target, False
+    try:
+        folder.rename(target)  # one filesystem: atomic, so a half-moved folder is never seen
+    except OSError:
+        if target.is_dir():  # another upload of the same bytes got there first
+            return target, False
+        raise
+    target.chmod(STORED_FOLDER_MODE)
+    return target, True
+
+
+def remove_stored(home: Path, digest: str) -> None:
+    """Delete the stored folder of ``digest`` (the caller checked that nothing uses it any more)."""
+    if not DIGEST.fullmatch(digest):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    shutil.rmtree(stored_folder(home, digest), ignore_errors=True)
+    logger.info("removed stored adapter %s", digest[:12])
 
 
 def copy_into_store(source: Path, home: Path, digest: str) -> Path:
@@ -45,16 +81,12 @@ def copy_into_store(source: Path, home: Path, digest: str) -> Path:
     return target
 
 
-async def register_adapter(
-    session: AsyncSession, engine: EngineClient, home: Path, *, tenant_id: uuid.UUID, name: str, source: Path
-) -> Adapter:
-    """Validate ``source`` with the engine, store its files by digest, and add the tenant's row."""
-    info = await engine.validate_adapter(source)
-    folder = copy_into_store(source, home, info.digest)
-    adapter = Adapter(
+def adapter_row(tenant_id: uuid.UUID, name: str, base_model: str, info: AdapterInfo, folder: Path) -> Adapter:
+    """The row of a validated adapter stored in ``folder``, ready to serve."""
+    return Adapter(
         tenant_id=tenant_id,
         name=name,
-        base_model=engine.model_name,
+        base_model=base_model,
         rank=info.rank,
         alpha=info.alpha,
         target_modules=list(info.target_modules),
@@ -63,6 +95,15 @@ async def register_adapter(
         storage_path=str(folder),
         status="ready",
     )
+
+
+async def register_adapter(
+    session: AsyncSession, engine: EngineClient, home: Path, *, tenant_id: uuid.UUID, name: str, source: Path
+) -> Adapter:
+    """Validate ``source`` with the engine, store its files by digest, and add the tenant's row."""
+    info = await engine.validate_adapter(source)
+    folder = copy_into_store(source, home, info.digest)
+    adapter = adapter_row(tenant_id, name, engine.model_name, info, folder)
     session.add(adapter)
     await session.flush()
     logger.info("adapter %s of tenant %s stored as %s (rank %d)", name, tenant_id, info.digest[:12], info.rank)

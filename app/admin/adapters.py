@@ -1,3 +1,246 @@
-"""Admin routes for adapters (being written; see app/admin/routes.py)."""
+"""Admin routes for adapters (DESIGN.md §8): each handler guards, decodes, delegates to AdapterService, answers."""
 
-ADAPTER_ROUTES: list = []
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+from litestar import Request, delete, get, post
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
+from litestar.params import PathParameter
+
+from app.admin.adapter_service import ADAPTER_NAME, AdapterService
+from app.admin.guards import require_admin
+from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, ErrorBody, PinRequest, example_error
+from app.errors import BadRequestError
+from app.web import gateway_of
+
+SERVICE_STATE_KEY = "adapter_service"
+TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
+AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]
+
+
+def adapter_service(request: Request) -> AdapterService:
+    """The app's AdapterService, made on first use (it remembers pins and pending removals)."""
+    gateway = gateway_of(request)
+    service = request.app.state.get(SERVICE_STATE_KEY)
+    if service is None or service.gateway is not gateway:
+        service = AdapterService(gateway)
+        request.app.state[SERVICE_STATE_KEY] = service
+    return service
+
+
+def decode_pin(raw: bytes) -> PinRequest:
+    if not raw.strip():
+        return PinRequest()
+    try:
+        return msgspec.json.decode(raw, type=PinRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise BadRequestError(f'Invalid body: {error}; send {{"pinned": true}} or {{"pinned": false}}.') from None
+
+
+def _responses(
+    ok: tuple[int, type[AdapterOut] | type[AdapterList], str], *errors: tuple[int, str, str | None]
+) -> dict[int, ResponseSpec]:
+    """OpenAPI answers with examples: the success (status, body type, description), then each error
+    (status, example message, code)."""
+    status, container, description = ok
+    example = EXAMPLE_ADAPTER if container is AdapterOut else {"data": [EXAMPLE_ADAPTER]}
+    answers = {
+        status: ResponseSpec(
+            data_container=container,
+            description=description,
+            generate_examples=False,
+            examples=[Example(summary=description, value=example)],
+        )
+    }
+    for error_status, message, code in errors:
+        answers[error_status] = ResponseSpec(
+            data_container=ErrorBody,
+            description=message,
+            generate_examples=False,
+            examples=[Example(summary=message, value=example_error(message, code))],
+        )
+    return answers
+
+
+ADMIN_ERRORS = (
+    (401, "You didn't provide an API key.", "invalid_api_key"),
+    (403, "This key lacks the `admin` scope.", "insufficient_permissions"),
+)
+NO_ADAPTER = (404, "No adapter has the id 0b3f6c0e-5d0a-4f1e-9a51-6a3b2f4c8d11.", "not_found")
+
+UPLOAD_FORM = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["name", "adapter_config.json", "adapter_model.safetensors"],
+    properties={
+        "name": Schema(
+            type=OpenAPIType.STRING,
+            pattern=f"^{ADAPTER_NAME.pattern}$",
+            description="The `model` name the tenant's keys will use (not the base model's name; no '..').",
+            examples=["pirate"],
+        ),
+        "adapter_config.json": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY),
+        "adapter_model.safetensors": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY),
+        "replace": Schema(
+            type=OpenAPIType.BOOLEAN,
+            default=False,
+            description="true replaces the tenant's live adapter of the same name (the old one is deleted).",
+        ),
+    },
+)
+PIN_BODY = Schema(
+    type=OpenAPIType.OBJECT,
+    properties={"pinned": Schema(type=OpenAPIType.BOOLEAN, default=True)},
+    examples=[{"pinned": True}],
+)
+
+
+def _operation_with_body(media_type: str, schema: Schema, required: bool) -> type[Operation]:
+    """An Operation class whose request body is ``schema`` (these handlers read their bodies themselves)."""
+
+    @dataclass
+    class WithBody(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = RequestBody(content={media_type: OpenAPIMediaType(schema=schema)}, required=required)
+
+    return WithBody
+
+
+@post(
+    "/admin/tenants/{tenant_id:uuid}/adapters",
+    status_code=201,
+    summary="Upload an adapter for a tenant",
+    description=(
+        "multipart/form-data with `name`, `adapter_config.json` and `adapter_model.safetensors` (PEFT's "
+        "save_pretrained output), and optionally `replace=true`. The files are streamed to disk under a size cap "
+        "(413 past it), validated against the base model before anything is recorded (422 naming what is wrong; "
+        "400 for a rank above the server's ceiling, a bad name or an unexpected part), then stored, recorded and "
+        "registered in the engine: the tenant's keys can use it as `model` at once. 409 when the name is taken "
+        "and `replace` is not true."
+    ),
+    tags=["admin"],
+    request_max_body_size=None,  # the upload enforces its own cap, LORAPLEX_MAX_ADAPTER_MB, as bytes arrive
+    operation_class=_operation_with_body("multipart/form-data", UPLOAD_FORM, required=True),
+    responses=_responses(
+        (201, AdapterOut, "The adapter, registered in the engine."),
+        (400, "Unexpected form part 'adapter_model.bin'; an adapter upload has only ...", None),
+        *ADMIN_ERRORS,
+        (404, "No tenant has the id 6f1d2c3b-8a9e-4b7c-9d10-2e3f4a5b6c7d.", "not_found"),
+        (409, "The tenant already has an adapter named 'pirate'; send replace=true ...", "adapter_name_taken"),
+        (413, "The adapter upload is larger than the limit of 512 MiB ...", "upload_too_large"),
+        (422, "The adapter cannot be served: ... lora_A [16, 768] ... made for another base model", "invalid_adapter"),
+    ),
+)
+async def upload_adapter(request: Request, tenant_id: TenantId) -> AdapterOut:
+    principal = await require_admin(request)
+    return await adapter_service(request).upload(
+        principal, tenant_id, request.stream(), request.headers.get("content-type"), request.content_length
+    )
+
+
+@get(
+    "/admin/tenants/{tenant_id:uuid}/adapters",
+    summary="List a tenant's adapters",
+    description="The tenant's live (not deleted) adapters, oldest first, with whether the engine holds each now.",
+    tags=["admin"],
+    responses=_responses(
+        (200, AdapterList, "The tenant's live adapters."),
+        *ADMIN_ERRORS,
+        (404, "No tenant has the id 6f1d2c3b-8a9e-4b7c-9d10-2e3f4a5b6c7d.", "not_found"),
+    ),
+)
+async def list_adapters(request: Request, tenant_id: TenantId) -> AdapterList:
+    await require_admin(request)
+    return await adapter_service(request).list_for_tenant(tenant_id)
+
+
+@get(
+    "/admin/adapters/{adapter_id:uuid}",
+    summary="Get an adapter",
+    description="Any adapter, deleted ones included (status `deleted`).",
+    tags=["admin"],
+    responses=_responses((200, AdapterOut, "The adapter."), *ADMIN_ERRORS, NO_ADAPTER),
+)
+async def get_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
+    await require_admin(request)
+    return await adapter_service(request).get(adapter_id)
+
+
+@delete(
+    "/admin/adapters/{adapter_id:uuid}",
+    status_code=200,
+    summary="Delete an adapter",
+    description=(
+        "New requests for it get 404 at once; requests in flight finish. The engine's copy is removed as soon "
+        "as no request uses it, and the stored files once no live adapter shares them."
+    ),
+    tags=["admin"],
+    responses=_responses((200, AdapterOut, "The adapter, status `deleted`."), *ADMIN_ERRORS, NO_ADAPTER),
+)
+async def delete_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
+    principal = await require_admin(request)
+    return await adapter_service(request).delete(principal, adapter_id)
+
+
+@post(
+    "/admin/adapters/{adapter_id:uuid}/load",
+    status_code=200,
+    summary="Load an adapter into the engine",
+    description="Registers it in the engine now, so its first request does not read it from disk.",
+    tags=["admin"],
+    responses=_responses((200, AdapterOut, "The adapter, loaded."), *ADMIN_ERRORS, NO_ADAPTER),
+)
+async def load_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
+    principal = await require_admin(request)
+    return await adapter_service(request).load(principal, adapter_id)
+
+
+@post(
+    "/admin/adapters/{adapter_id:uuid}/unload",
+    status_code=200,
+    summary="Unload an adapter from the engine",
+    description=(
+        "Removes it from the engine's memory (its next request loads it again). While requests use it, waits up "
+        "to 5 s for them, then answers 409 saying how many requests use it; nothing is aborted."
+    ),
+    tags=["admin"],
+    responses=_responses(
+        (200, AdapterOut, "The adapter, unloaded."),
+        *ADMIN_ERRORS,
+        NO_ADAPTER,
+        (409, "The adapter 'pirate' (...) was not unloaded: 2 request(s) are using it ...", "adapter_in_use"),
+    ),
+)
+async def unload_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
+    principal = await require_admin(request)
+    return await adapter_service(request).unload(principal, adapter_id)
+
+
+@post(
+    "/admin/adapters/{adapter_id:uuid}/pin",
+    status_code=200,
+    summary="Pin or unpin an adapter",
+    description=(
+        '`{"pinned": true}` (or an empty body) registers the adapter and keeps it resident in the engine\'s '
+        'pool, never evicted; `{"pinned": false}` lets it be evicted again.'
+    ),
+    tags=["admin"],
+    operation_class=_operation_with_body("application/json", PIN_BODY, required=False),
+    responses=_responses(
+        (200, AdapterOut, "The adapter, pinned or unpinned."),
+        (400, "Invalid body: Expected `bool`, got `str` - at `$.pinned`.", None),
+        *ADMIN_ERRORS,
+        NO_ADAPTER,
+    ),
+)
+async def pin_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
+    principal = await require_admin(request)
+    body = decode_pin(await request.body())
+    return await adapter_service(request).pin(principal, adapter_id, body.pinned)
+
+
+ADAPTER_ROUTES = [upload_adapter, list_adapters, get_adapter, delete_adapter, load_adapter, unload_adapter, pin_adapter]
