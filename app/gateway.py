@@ -6,12 +6,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from litestar import Litestar
 
 from app.adapters.resolver import ModelResolver
+from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
 from app.bootstrap import DemoAccess, ensure_demo_tenant
 from app.db.database import Database
@@ -46,6 +47,8 @@ class Gateway:
     resolver: ModelResolver
     key_secret: bytes
     """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
+    adapters: AdapterService = field(init=False)
+    """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
     demo: DemoAccess | None = None
 
 
@@ -100,6 +103,8 @@ async def run_gateway(
             resolver=resolver,
             key_secret=key_secret,
         )
+        gateway.adapters = AdapterService(gateway)
+        stack.push_async_callback(gateway.adapters.close)
         if settings.demo:
             gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
         if settings.admin_key:

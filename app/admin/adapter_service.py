@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -45,8 +46,11 @@ from app.admin.upload import AdapterUpload, staged_upload
 from app.db.tables import Adapter, Tenant
 from app.engine_client import AdapterInfo
 from app.errors import ApiError, BadRequestError, ConflictError, NotFoundError
-from app.gateway import Gateway
 from app.keys.authenticator import Principal
+
+if TYPE_CHECKING:
+    from app.gateway import Gateway
+
 from engine.errors import (
     AdapterBusyError,
     AdapterError,
@@ -166,7 +170,7 @@ class AdapterService:
             row, replaced = await self._store_and_record(actor, tenant_id, upload, info)
         self.resolver.forget(tenant_id, row.name)
         if replaced is not None:
-            await self._retire(replaced)
+            await self.retire(replaced.id, replaced.digest)
         logger.info("adapter %s (%s) of tenant %s uploaded, rank %d", row.name, row.id, tenant_id, row.rank)
         return self._out(row)
 
@@ -246,18 +250,21 @@ class AdapterService:
             row.status = DELETED
             record_change(session, actor, "adapter.delete", "adapter", row.id, before, {**before, "status": DELETED})
         self.resolver.forget(row.tenant_id, row.name)
-        await self._retire(row)
+        await self.retire(row.id, row.digest)
         logger.info("adapter %s (%s) of tenant %s deleted", row.name, row.id, row.tenant_id)
         return self._out(row)
 
-    async def _retire(self, row: Adapter) -> None:
-        """Stop new use of a deleted adapter; remove it from the engine now if idle, else when it is."""
-        self.resolver.retire(row.id)
-        self._held[row.id] = row.digest
-        if await self._try_remove(row.id) is None:
-            await self._released(row.id)
+    async def retire(self, adapter_id: uuid.UUID, digest: str) -> None:
+        """Stop new use of an adapter marked deleted; remove it from the engine now if idle, else when it is.
+
+        Its files leave the store too, unless another live adapter has the same digest.
+        """
+        self.resolver.retire(adapter_id)
+        self._held[adapter_id] = digest
+        if await self._try_remove(adapter_id) is None:
+            await self._released(adapter_id)
             return
-        task = asyncio.create_task(self._remove_when_idle(row.id), name=f"remove-adapter-{row.id}")
+        task = asyncio.create_task(self._remove_when_idle(adapter_id), name=f"remove-adapter-{adapter_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -18,19 +18,13 @@ from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut,
 from app.errors import BadRequestError
 from app.web import gateway_of
 
-SERVICE_STATE_KEY = "adapter_service"
 TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
 AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]
 
 
 def adapter_service(request: Request) -> AdapterService:
-    """The app's AdapterService, made on first use (it remembers pins and pending removals)."""
-    gateway = gateway_of(request)
-    service = request.app.state.get(SERVICE_STATE_KEY)
-    if service is None or service.gateway is not gateway:
-        service = AdapterService(gateway)
-        request.app.state[SERVICE_STATE_KEY] = service
-    return service
+    """The app's AdapterService (it remembers pins and pending removals; the gateway closes it)."""
+    return gateway_of(request).adapters
 
 
 def decode_pin(raw: bytes) -> PinRequest:

@@ -12,12 +12,8 @@ nobody able to administer the server.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,21 +23,18 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.resolver import ModelResolver
+from app.admin.adapter_service import AdapterService
 from app.admin.audit import record_change
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
-from app.engine_client import EngineClient
 from app.errors import ConflictError, NotFoundError
 from app.keys.authenticator import Principal
-from engine.errors import AdapterBusyError
 
 logger = logging.getLogger(__name__)
 
 TENANT = "tenant"  # audit_log.target_type
 DELETED = "deleted"
-UNLOAD_RETRY_S = 0.1  # how often a busy adapter's removal is retried while its last requests finish
-UNLOAD_TIMEOUT_S = 30.0  # longer than a request normally runs; after it the adapter stays until restart
 LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_budget")
 
 
@@ -92,26 +85,13 @@ async def add_tenant(session: AsyncSession, actor: Principal | None, body: Tenan
     return tenant
 
 
-@dataclass(slots=True)
-class TenantDeletion:
-    """A deleted tenant, and the removal of its adapters that waits for their last requests."""
-
-    tenant: TenantOut
-    engine: EngineClient
-    busy_adapter_ids: list[str] = field(default_factory=list)
-
-    async def finish_unloading(self) -> None:
-        """Retry removing busy adapters every 0.1 s for up to 30 s (run after the response is sent)."""
-        await asyncio.gather(*(_remove_when_idle(self.engine, adapter_id) for adapter_id in self.busy_adapter_ids))
-
-
 class TenantService:
     """The tenants side of the admin API; every change commits with its audit row."""
 
-    def __init__(self, database: Database, engine: EngineClient, resolver: ModelResolver) -> None:
+    def __init__(self, database: Database, resolver: ModelResolver, adapters: AdapterService) -> None:
         self.database = database
-        self.engine = engine
         self.resolver = resolver
+        self.adapters = adapters
 
     async def create(self, actor: Principal, body: TenantCreate) -> TenantOut:
         async with self.database.sessions() as session, session.begin():
@@ -157,12 +137,12 @@ class TenantService:
         logger.info("updated tenant %s (%s): %s", tenant.name, tenant.id, ", ".join(sorted(changes)))
         return after
 
-    async def delete(self, actor: Principal, tenant_id: uuid.UUID) -> TenantDeletion:
+    async def delete(self, actor: Principal, tenant_id: uuid.UUID) -> TenantOut:
         """Mark the tenant deleted, revoke its keys and delete its adapters; deleting it again changes nothing."""
         async with self.database.sessions() as session, session.begin():
             tenant = await lock_tenant(session, tenant_id)
             if tenant.status == DELETED:
-                return TenantDeletion(tenant_out(tenant), self.engine)
+                return tenant_out(tenant)
             _refuse_own_tenant(actor, tenant, "delete")
             before = tenant_out(tenant)
             now = datetime.now(UTC)
@@ -179,7 +159,7 @@ class TenantService:
                     update(Adapter)
                     .where(Adapter.tenant_id == tenant.id, Adapter.status != DELETED)
                     .values(status=DELETED)
-                    .returning(Adapter.id, Adapter.name)
+                    .returning(Adapter.id, Adapter.name, Adapter.digest)
                 )
             ).all()
             tenant.status = DELETED
@@ -207,8 +187,8 @@ class TenantService:
         )
         for adapter in adapters:
             self.resolver.forget(tenant.id, adapter.name)
-        busy = await _remove_from_engine(self.engine, [str(adapter.id) for adapter in adapters])
-        return TenantDeletion(after, self.engine, busy)
+            await self.adapters.retire(adapter.id, adapter.digest)
+        return after
 
 
 async def _refuse_taken_name(session: AsyncSession, name: str) -> None:
@@ -229,38 +209,3 @@ def _refuse_own_tenant(actor: Principal, tenant: Tenant, verb: str) -> None:
             f"You cannot {verb} the tenant `{tenant.name}` with one of its own keys: that would lock this key out. "
             "Use an admin key of another tenant (`loraplex admin create-key` makes one in the `admin` tenant)."
         )
-
-
-async def _remove_from_engine(engine: EngineClient, adapter_ids: Sequence[str]) -> list[str]:
-    """Remove the adapters the engine holds; return those still used by running requests."""
-    busy = []
-    for adapter_id in adapter_ids:
-        if not engine.has_adapter(adapter_id):
-            continue
-        try:
-            await engine.remove_adapter(adapter_id)
-        except AdapterBusyError:
-            busy.append(adapter_id)
-    return busy
-
-
-async def _remove_when_idle(engine: EngineClient, adapter_id: str) -> None:
-    deadline = time.monotonic() + UNLOAD_TIMEOUT_S
-    logger.info("adapter %s of a deleted tenant is in use; removing it once its requests finish", adapter_id)
-    while engine.has_adapter(adapter_id):
-        try:
-            await engine.remove_adapter(adapter_id)
-        except AdapterBusyError:
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "adapter %s of a deleted tenant was still in use after %.0f s; it stays in the engine (no new "
-                    "request can use it) until the server restarts",
-                    adapter_id,
-                    UNLOAD_TIMEOUT_S,
-                )
-                return
-            await asyncio.sleep(UNLOAD_RETRY_S)
-        except Exception:
-            logger.exception("removing adapter %s of a deleted tenant from the engine failed", adapter_id)
-            return
-    logger.info("adapter %s of a deleted tenant removed from the engine", adapter_id)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from litestar import Request, Response, delete, get, patch, post
-from litestar.background_tasks import BackgroundTask
+from litestar import Request, delete, get, patch, post
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.openapi.spec import Example
@@ -37,7 +36,7 @@ def admin_of(request: Request) -> Principal:
 
 def _tenants(request: Request) -> TenantService:
     gateway = gateway_of(request)
-    return TenantService(gateway.database, gateway.engine, gateway.resolver)
+    return TenantService(gateway.database, gateway.resolver, gateway.adapters)
 
 
 TenantId = Annotated[uuid.UUID, Parameter(description="The tenant's id, as its creation returned it.")]
@@ -127,9 +126,8 @@ async def update_tenant(
     "adapters; requests already running finish. Its name stays taken. Deleting it again changes nothing.",
     tags=["admin"],
 )
-async def delete_tenant(request: Request, tenant_id: TenantId) -> Response[TenantOut]:
-    deletion = await _tenants(request).delete(admin_of(request), tenant_id)
-    return Response(deletion.tenant, background=BackgroundTask(deletion.finish_unloading))
+async def delete_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
+    return await _tenants(request).delete(admin_of(request), tenant_id)
 
 
 TENANT_ROUTES = [create_tenant, list_tenants, get_tenant, update_tenant, delete_tenant]
