@@ -56,37 +56,39 @@ class OpenAIService:
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
         prompt_ids = request_params.chat_prompt_ids(body, self.engine)
-        run = await self._prepare(principal, body, prompt_ids, request_id, "chat.completions")
-        outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
-        first = await _first_output(outputs, body.model)
-        created = int(time.time())
+        first, outputs = await self._start(principal, body, prompt_ids, request_id, "chat.completions")
+        completion_id, created = f"chatcmpl-{request_id}", int(time.time())
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return _chat_stream(first, outputs, f"chatcmpl-{request_id}", created, body.model, include_usage)
+            return _chat_stream(first, outputs, completion_id, created, body.model, _include_usage(body))
         last = await _last_output(first, outputs)
-        choice = ChatChoice(
-            index=0, message=AssistantMessage(role="assistant", content=last.text), finish_reason=last.finish_reason
-        )
-        return ChatCompletion(
-            id=f"chatcmpl-{request_id}", created=created, model=body.model, choices=[choice], usage=_usage(last)
-        )
+        message = AssistantMessage(role="assistant", content=last.text)
+        choice = ChatChoice(index=0, message=message, finish_reason=last.finish_reason)
+        return ChatCompletion(id=completion_id, created=created, model=body.model, choices=[choice], usage=_usage(last))
 
     async def completion(
         self, principal: Principal, body: CompletionRequest, request_id: str
     ) -> Completion | AsyncIterator[bytes]:
         prompt_ids = request_params.completion_prompt_ids(body, self.engine)
-        run = await self._prepare(principal, body, prompt_ids, request_id, "completions")
-        outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
-        first = await _first_output(outputs, body.model)
-        created = int(time.time())
+        first, outputs = await self._start(principal, body, prompt_ids, request_id, "completions")
+        completion_id, created = f"cmpl-{request_id}", int(time.time())
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return _completion_stream(first, outputs, f"cmpl-{request_id}", created, body.model, include_usage)
+            return _completion_stream(first, outputs, completion_id, created, body.model, _include_usage(body))
         last = await _last_output(first, outputs)
         choice = CompletionChoice(index=0, text=last.text, finish_reason=last.finish_reason)
-        return Completion(
-            id=f"cmpl-{request_id}", created=created, model=body.model, choices=[choice], usage=_usage(last)
-        )
+        return Completion(id=completion_id, created=created, model=body.model, choices=[choice], usage=_usage(last))
+
+    async def _start(
+        self,
+        principal: Principal,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        request_id: str,
+        endpoint: str,
+    ) -> tuple[RequestOutput, AsyncIterator[RequestOutput]]:
+        """Resolve, check and submit the run; its first output and the metered stream of the rest."""
+        run = await self._prepare(principal, body, prompt_ids, request_id, endpoint)
+        outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
+        return await _first_output(outputs, body.model), outputs
 
     async def _prepare(
         self,
@@ -101,6 +103,10 @@ class OpenAIService:
         model = await self.resolver.resolve(principal.tenant_id, body.model)
         sampling = request_params.sampling_params(body, len(prompt_ids), self.engine.max_model_len)
         return Run(request_id, endpoint, principal, model, prompt_ids, sampling)
+
+
+def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
 
 
 async def _first_output(outputs: AsyncIterator[RequestOutput], model: str) -> RequestOutput:
