@@ -14,6 +14,7 @@ from app.engine_client import EngineClient
 from app.errors import ApiError
 from app.gateway import gateway_lifespan
 from app.openai.controller import OPENAI_ROUTES
+from app.openapi_examples import add_response_examples
 from app.ops import OPS_ROUTES
 from app.request_context import RequestIdMiddleware
 from app.settings import Settings
@@ -28,7 +29,7 @@ def create_app(
 ) -> Litestar:
     """The app; it starts the database, the engine (unless one is given) and the writers when it starts."""
     settings = settings or Settings.from_env()
-    return Litestar(
+    app = Litestar(
         route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],
@@ -40,3 +41,5 @@ def create_app(
         openapi_config=OpenAPIConfig(title="loraplex", version="0.1.0"),
         logging_config=None,
     )
+    add_response_examples(app.openapi_schema)
+    return app

@@ -2,26 +2,66 @@
 
 from __future__ import annotations
 
-from litestar import Request, Response, get
+import msgspec
+from litestar import MediaType, Request, Response, get
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Example
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.web import gateway_of, json_response
 
 
-@get("/health", summary="Liveness: the process answers", tags=["operations"])
-async def health() -> Response:
-    return json_response({"status": "ok"})
+class Health(msgspec.Struct):
+    status: str
 
 
-@get("/ready", summary="Readiness: the model is loaded and the database answers", tags=["operations"])
+class Readiness(msgspec.Struct):
+    status: str
+    checks: dict[str, bool]
+
+
+READY = Example(summary="Ready", value={"status": "ready", "checks": {"model": True, "database": True}})
+NOT_READY = Example(
+    summary="Database down", value={"status": "not ready", "checks": {"model": True, "database": False}}
+)
+
+
+@get(
+    "/health",
+    summary="Liveness: the process answers",
+    description="Always 200 while the process serves HTTP; says nothing about the model or the database.",
+    tags=["operations"],
+    responses={200: ResponseSpec(Health, examples=[Example(summary="Alive", value={"status": "ok"})])},
+)
+async def health() -> Health:
+    return Health(status="ok")
+
+
+@get(
+    "/ready",
+    summary="Readiness: the model is loaded and the database answers",
+    description="200 when both checks pass, else 503 naming the check that failed; for load balancers.",
+    tags=["operations"],
+    responses={
+        200: ResponseSpec(Readiness, examples=[READY]),
+        503: ResponseSpec(Readiness, description="A check failed", examples=[NOT_READY]),
+    },
+)
 async def ready(request: Request) -> Response:
     gateway = gateway_of(request)
     checks = {"model": gateway.engine.is_ready(), "database": await gateway.database.ping()}
     status = "ready" if all(checks.values()) else "not ready"
-    return json_response({"status": status, "checks": checks}, 200 if status == "ready" else 503)
+    return json_response(Readiness(status=status, checks=checks), 200 if status == "ready" else 503)
 
 
-@get("/metrics", summary="Prometheus metrics", tags=["operations"])
+@get(
+    "/metrics",
+    summary="Prometheus metrics",
+    description="Requests, tokens, TTFT and inter-token latency by tenant and adapter; queue depth, pool pages by "
+    "owner kind and resident adapters from the engine.",
+    tags=["operations"],
+    media_type=MediaType.TEXT,
+)
 async def metrics(request: Request) -> Response:
     gateway = gateway_of(request)
     stats = await gateway.engine.stats() if gateway.engine.is_ready() else None

@@ -14,9 +14,9 @@ from litestar.params import PathParameter
 
 from app.admin.adapter_service import ADAPTER_NAME, AdapterService
 from app.admin.guards import require_admin
-from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, ErrorBody, PinRequest, example_error
+from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.errors import BadRequestError
-from app.web import gateway_of
+from app.web import ErrorBody, gateway_of
 
 TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
 AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]
@@ -93,15 +93,32 @@ PIN_BODY = Schema(
 )
 
 
-def _operation_with_body(media_type: str, schema: Schema, required: bool) -> type[Operation]:
+def _operation_with_body(
+    media_type: str, schema: Schema, required: bool, example: Example | None = None
+) -> type[Operation]:
     """An Operation class whose request body is ``schema`` (these handlers read their bodies themselves)."""
+    examples = None if example is None else {"example": example}
 
     @dataclass
     class WithBody(Operation):
         def __post_init__(self) -> None:
-            self.request_body = RequestBody(content={media_type: OpenAPIMediaType(schema=schema)}, required=required)
+            body = OpenAPIMediaType(schema=schema, examples=examples)
+            self.request_body = RequestBody(content={media_type: body}, required=required)
 
     return WithBody
+
+
+UPLOAD_EXAMPLE = Example(
+    summary="A PEFT folder's two files",
+    description="curl -F name=pirate -F adapter_config.json=@adapter_config.json "
+    "-F adapter_model.safetensors=@adapter_model.safetensors",
+    value={
+        "name": "pirate",
+        "adapter_config.json": "(the file's bytes)",
+        "adapter_model.safetensors": "(the file's bytes)",
+        "replace": "false",
+    },
+)
 
 
 @post(
@@ -118,7 +135,7 @@ def _operation_with_body(media_type: str, schema: Schema, required: bool) -> typ
     ),
     tags=["admin"],
     request_max_body_size=None,  # the upload enforces its own cap, LORAPLEX_MAX_ADAPTER_MB, as bytes arrive
-    operation_class=_operation_with_body("multipart/form-data", UPLOAD_FORM, required=True),
+    operation_class=_operation_with_body("multipart/form-data", UPLOAD_FORM, required=True, example=UPLOAD_EXAMPLE),
     responses=_responses(
         (201, AdapterOut, "The adapter, registered in the engine."),
         (400, "Unexpected form part 'adapter_model.bin'; an adapter upload has only ...", None),

@@ -66,19 +66,6 @@ class PinRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pinned: bool = True
 
 
-class ErrorDetail(msgspec.Struct, kw_only=True):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorBody(msgspec.Struct, kw_only=True):
-    """Every error the admin API answers, in OpenAI's shape (for the OpenAPI page)."""
-
-    error: ErrorDetail
-
-
 EXAMPLE_ADAPTER = {
     "id": EXAMPLE_ADAPTER_ID,
     "tenant_id": EXAMPLE_TENANT_ID,

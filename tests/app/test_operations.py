@@ -43,3 +43,26 @@ async def test_log_lines_carry_the_request_id_of_their_response(gateway_settings
     assert record.request_id == request_id
     line = json.loads(JsonLogFormatter().format(record))
     assert line["request_id"] == request_id and request_id in line["message"] and line["level"] == "info"
+
+
+async def test_openapi_schema_documents_every_route_with_examples(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, _):
+        schema = (await client.get("/schema/openapi.json")).json()
+    components = schema["components"]["schemas"]
+
+    def has_example(content: dict) -> bool:
+        target = content.get("schema", {})
+        ref = target.get("$ref") or next((part["$ref"] for part in target.get("allOf", []) if "$ref" in part), None)
+        component = components.get(ref.rsplit("/", 1)[-1], {}) if ref else {}
+        return any(key in place for place in (content, target, component) for key in ("example", "examples"))
+
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            where = f"{method.upper()} {path}"
+            assert operation.get("summary") and operation.get("description"), f"{where} has no summary or description"
+            for content in operation.get("requestBody", {}).get("content", {}).values():
+                assert has_example(content), f"{where}: request body without an example"
+            for status, response in operation["responses"].items():
+                for media_type, content in response.get("content", {}).items():
+                    if media_type == "application/json":
+                        assert has_example(content), f"{where}: {status} response without an example"
