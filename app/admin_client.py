@@ -113,8 +113,9 @@ class AdminClient:
 
     # tenants
 
-    def create_tenant(self, name: str, **limits: int | None) -> dict[str, Any]:
-        body = {"name": name, **{field: value for field, value in limits.items() if value is not None}}
+    def create_tenant(self, name: str, **fields: float | None) -> dict[str, Any]:
+        """A new tenant; limits (and ``fair_share_weight``) left None take the server's defaults."""
+        body = {"name": name, **{field: value for field, value in fields.items() if value is not None}}
         return self._json("POST", "/admin/tenants", json=body)
 
     def list_tenants(self) -> list[dict[str, Any]]:
@@ -137,11 +138,19 @@ class AdminClient:
 
     # keys
 
-    def create_key(self, tenant_id: str, name: str, scopes: list[str], expires_at: str | None = None) -> dict[str, Any]:
+    def create_key(
+        self, tenant_id: str, name: str, scopes: list[str], expires_at: str | None = None, **limits: int | None
+    ) -> dict[str, Any]:
+        """A new key; limits left None leave only the tenant's."""
         body: dict[str, Any] = {"name": name, "scopes": scopes}
         if expires_at is not None:
             body["expires_at"] = expires_at
+        body |= {field: value for field, value in limits.items() if value is not None}
         return self._json("POST", f"/admin/tenants/{tenant_id}/keys", json=body)
+
+    def update_key(self, key_id: str, **limits: int | None) -> dict[str, Any]:
+        """Change the key's limits given (None clears one: only the tenant's applies)."""
+        return self._json("PATCH", f"/admin/keys/{_checked_id(key_id, 'key')}", json=limits)
 
     def list_keys(self, tenant_id: str) -> list[dict[str, Any]]:
         return self._json("GET", f"/admin/tenants/{tenant_id}/keys")["data"]

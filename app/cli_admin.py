@@ -31,6 +31,13 @@ NO_ADMIN_KEY = f"no admin key: pass --admin-key or set {ADMIN_KEY_ENV}"
 SCOPES = ("inference", "admin")
 DEFAULT_GRACE_PERIOD_S = 3600  # the server's default too: an hour to roll the new key out
 NONE_SHOWN = "-"  # an unset limit or time in a table
+CLEAR = "none"  # the value of a `limit` command's option that clears the limit
+LIMIT_FLAGS = {  # option of the `limit` commands → field of the admin API
+    "rpm": "rpm_limit",
+    "tpm": "tpm_limit",
+    "max_concurrent": "max_concurrent",
+    "monthly_token_budget": "monthly_token_budget",
+}
 
 TENANT_COLUMNS = [
     ("ID", "id"),
@@ -40,6 +47,7 @@ TENANT_COLUMNS = [
     ("TPM", "tpm_limit"),
     ("CONCURRENT", "max_concurrent"),
     ("MONTHLY TOKENS", "monthly_token_budget"),
+    ("WEIGHT", "fair_share_weight"),
     ("CREATED", "created_at"),
 ]
 KEY_COLUMNS = [
@@ -47,6 +55,10 @@ KEY_COLUMNS = [
     ("NAME", "name"),
     ("PREFIX", "prefix"),
     ("SCOPES", "scopes"),
+    ("RPM", "rpm_limit"),
+    ("TPM", "tpm_limit"),
+    ("CONCURRENT", "max_concurrent"),
+    ("MONTHLY TOKENS", "monthly_token_budget"),
     ("CREATED", "created_at"),
     ("EXPIRES", "expires_at"),
     ("REVOKED", "revoked_at"),
@@ -115,13 +127,69 @@ def _management_group(name: str, help: str) -> click.Group:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the server's JSON instead of text.")
 
 
-def _limit_option(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option(flag, type=click.IntRange(min=0), help=f"{help} (default: unlimited).")
+def _limit_option(
+    flag: str, help: str, default: str = "unlimited"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(flag, type=click.IntRange(min=0), help=f"{help} (default: {default}).")
+
+
+class _LimitChange(click.ParamType):
+    """A `limit` command's value: a whole number from 0, or `none` to clear the limit."""
+
+    name = "N|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == CLEAR:
+            return value
+        if str(value).strip().lower() == CLEAR:
+            return CLEAR
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a whole number nor `{CLEAR}`", param, ctx)
+        if number < 0:
+            self.fail(f"{value} is below 0; give a whole number from 0, or `{CLEAR}`", param, ctx)
+        return number
+
+
+def _limit_change_options(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--rpm, --tpm, --max-concurrent and --monthly-token-budget for a `limit` command; `none` clears one."""
+    cleared = "unlimited" if what == "tenant" else "only the tenant's limit"
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        for flag, help in reversed(
+            [
+                ("--rpm", "Requests a minute"),
+                ("--tpm", "Tokens a minute"),
+                ("--max-concurrent", "Requests running at once"),
+                ("--monthly-token-budget", "Tokens a calendar month"),
+            ]
+        ):
+            command = click.option(flag, type=_LimitChange(), help=f"{help}; `{CLEAR}`: {cleared}.")(command)
+        return command
+
+    return add
+
+
+def _limit_changes(options: dict[str, int | str | None]) -> dict[str, int | None]:
+    """The admin API fields the given options change (`none` → null); the options left out are not sent."""
+    return {
+        LIMIT_FLAGS[option]: None if value == CLEAR else int(value)
+        for option, value in options.items()
+        if value is not None
+    }
+
+
+def _limits_text(record: dict[str, Any]) -> str:
+    parts = [f"{flag.replace('_', '-')} {_cell(field, record.get(field))}" for flag, field in LIMIT_FLAGS.items()]
+    if "fair_share_weight" in record:
+        parts.append(f"weight {record['fair_share_weight']:g}")
+    return ", ".join(parts)
 
 
 # tenants
 
-tenants = _management_group("tenants", "Create, list and disable tenants on a running server.")
+tenants = _management_group("tenants", "Create, list, limit and disable tenants on a running server.")
 
 
 @tenants.command("create", help="Create a tenant named NAME.")
@@ -130,6 +198,11 @@ tenants = _management_group("tenants", "Create, list and disable tenants on a ru
 @_limit_option("--tpm", "Tokens a minute")
 @_limit_option("--max-concurrent", "Requests running at once")
 @_limit_option("--monthly-token-budget", "Tokens a calendar month")
+@click.option(
+    "--weight",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Its share of the engine when tenants compete, relative to the others' (default: 1).",
+)
 @json_option
 @pass_connection
 def tenants_create(
@@ -139,12 +212,45 @@ def tenants_create(
     tpm: int | None,
     max_concurrent: int | None,
     monthly_token_budget: int | None,
+    weight: float | None,
     as_json: bool,
 ) -> None:
     tenant = connection.client().create_tenant(
-        name, rpm_limit=rpm, tpm_limit=tpm, max_concurrent=max_concurrent, monthly_token_budget=monthly_token_budget
+        name,
+        rpm_limit=rpm,
+        tpm_limit=tpm,
+        max_concurrent=max_concurrent,
+        monthly_token_budget=monthly_token_budget,
+        fair_share_weight=weight,
     )
     _show(tenant, as_json, f"created tenant {tenant['name']} ({tenant['id']})")
+
+
+@tenants.command(
+    "limit", help="Change the limits or the weight of TENANT (an id or a name); they hold within a second."
+)
+@click.argument("tenant")
+@_limit_change_options("tenant")
+@click.option(
+    "--weight",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Its share of the engine when tenants compete, relative to the others'.",
+)
+@json_option
+@pass_connection
+def tenants_limit(
+    connection: Connection, tenant: str, weight: float | None, as_json: bool, **limits: int | str | None
+) -> None:
+    changes: dict[str, float | None] = dict(_limit_changes(limits))
+    if weight is not None:
+        changes["fair_share_weight"] = weight
+    if not changes:
+        raise click.ClickException(
+            "nothing to change: give --rpm, --tpm, --max-concurrent, --monthly-token-budget or --weight"
+        )
+    client = connection.client()
+    record = client.update_tenant(client.resolve_tenant(tenant)["id"], **changes)
+    _show(record, as_json, f"tenant {record['name']} ({record['id']}): {_limits_text(record)}")
 
 
 @tenants.command("list", help="List the tenants.")
@@ -165,7 +271,7 @@ def tenants_disable(connection: Connection, tenant: str) -> None:
 
 # keys
 
-keys = _management_group("keys", "Create, list, revoke and rotate API keys on a running server.")
+keys = _management_group("keys", "Create, list, limit, revoke and rotate API keys on a running server.")
 
 
 @keys.command("create", help="Create an API key for TENANT (an id or a name) and print it, the only time it is shown.")
@@ -179,14 +285,36 @@ keys = _management_group("keys", "Create, list, revoke and rotate API keys on a 
     help="What the key may do; repeat for both (default: inference).",
 )
 @click.option("--expires-at", help="When the key stops working, ISO 8601 with an offset, e.g. 2030-01-01T00:00:00Z.")
+@_limit_option("--rpm", "Requests a minute, for this key", "the tenant's alone")
+@_limit_option("--tpm", "Tokens a minute, for this key", "the tenant's alone")
+@_limit_option("--max-concurrent", "Requests running at once, for this key", "the tenant's alone")
+@_limit_option("--monthly-token-budget", "Tokens a calendar month, for this key", "the tenant's alone")
 @json_option
 @pass_connection
 def keys_create(
-    connection: Connection, tenant: str, name: str, scopes: tuple[str, ...], expires_at: str | None, as_json: bool
+    connection: Connection,
+    tenant: str,
+    name: str,
+    scopes: tuple[str, ...],
+    expires_at: str | None,
+    rpm: int | None,
+    tpm: int | None,
+    max_concurrent: int | None,
+    monthly_token_budget: int | None,
+    as_json: bool,
 ) -> None:
     client = connection.client()
     owner = client.resolve_tenant(tenant)
-    key = client.create_key(owner["id"], name, list(scopes or ("inference",)), _checked_time(expires_at))
+    key = client.create_key(
+        owner["id"],
+        name,
+        list(scopes or ("inference",)),
+        _checked_time(expires_at),
+        rpm_limit=rpm,
+        tpm_limit=tpm,
+        max_concurrent=max_concurrent,
+        monthly_token_budget=monthly_token_budget,
+    )
     scope_text = ",".join(key["scopes"])
     line = f"created key {key['name']} ({key['id']}) for tenant {owner['name']} (scopes {scope_text}): {key['key']}"
     _show(key, as_json, line)
@@ -200,6 +328,22 @@ def keys_create(
 def keys_list(connection: Connection, tenant: str, as_json: bool) -> None:
     client = connection.client()
     _show_list(client.list_keys(client.resolve_tenant(tenant)["id"]), KEY_COLUMNS, as_json, "no keys")
+
+
+@keys.command(
+    "limit",
+    help="Change the limits of the key KEY_ID; they narrow its tenant's and hold within a second.",
+)
+@click.argument("key_id")
+@_limit_change_options("key")
+@json_option
+@pass_connection
+def keys_limit(connection: Connection, key_id: str, as_json: bool, **limits: int | str | None) -> None:
+    changes = _limit_changes(limits)
+    if not changes:
+        raise click.ClickException("nothing to change: give --rpm, --tpm, --max-concurrent or --monthly-token-budget")
+    key = connection.client().update_key(key_id, **changes)
+    _show(key, as_json, f"key {key['name']} ({key['prefix']}, {key['id']}): {_limits_text(key)}")
 
 
 @keys.command("revoke", help="Revoke the key KEY_ID: it is refused within a second.")

@@ -21,6 +21,8 @@ from app.db.migrate import upgrade
 from app.engine_client import EngineClient, LocalEngineClient
 from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
+from app.limits.budget import usage_loader
+from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
 from app.openai.service import OpenAIService
@@ -43,6 +45,8 @@ class Gateway:
     authenticator: Authenticator
     writer: UsageWriter
     metrics: GatewayMetrics
+    limiter: Limiter
+    """Rate limits, concurrency and monthly budgets of the OpenAI routes (state in this process)."""
     openai: OpenAIService
     resolver: ModelResolver
     key_secret: bytes
@@ -92,6 +96,7 @@ async def run_gateway(
             stack.push_async_callback(engine.stop)
         metrics = GatewayMetrics()
         resolver = ModelResolver(database, engine)
+        limiter = Limiter(usage_loader(database))
         gateway = Gateway(
             settings=settings,
             engine=engine,
@@ -99,7 +104,8 @@ async def run_gateway(
             authenticator=authenticator,
             writer=writer,
             metrics=metrics,
-            openai=OpenAIService(engine, resolver, writer, metrics),
+            limiter=limiter,
+            openai=OpenAIService(engine, resolver, writer, metrics, limiter),
             resolver=resolver,
             key_secret=key_secret,
         )

@@ -14,6 +14,7 @@ _TENANT = {
     "tpm_limit": 200000,
     "max_concurrent": None,
     "monthly_token_budget": None,
+    "fair_share_weight": 1.0,
     "created_at": "2026-11-22T09:30:00Z",
 }
 _KEY = {
@@ -24,6 +25,10 @@ _KEY = {
     "scopes": ["inference"],
     "created_at": "2026-11-22T09:31:00Z",
     "expires_at": None,
+    "rpm_limit": 60,
+    "tpm_limit": None,
+    "max_concurrent": None,
+    "monthly_token_budget": None,
 }
 _USAGE = {
     "prompt_tokens": 37,

@@ -52,12 +52,12 @@ def request_id_of(request: Request) -> str:
     return request.scope["state"]["request_id"]
 
 
-def json_response(body: Any, status_code: int = 200) -> Response:
-    return Response(content=msgspec.json.encode(body), media_type=JSON, status_code=status_code)
+def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(content=msgspec.json.encode(body), media_type=JSON, status_code=status_code, headers=headers)
 
 
 def api_error_handler(request: Request, error: ApiError) -> Response:
-    return json_response(error.body(), error.status)
+    return json_response(error.body(), error.status, error.response_headers())
 
 
 def http_error_handler(request: Request, error: HTTPException) -> Response:

@@ -1,8 +1,9 @@
-"""API keys for the admin API: issue, list, revoke and rotate, each change audited without its secret.
+"""API keys for the admin API: issue, list, limit, revoke and rotate, each change audited without its secret.
 
-Rotation issues a new key with the same tenant, name and scopes (and no expiry) and lets the old key
-work for a grace period: its expiry becomes the earlier of the one it had and now + the grace. Revoking
-or rotating is seen by every gateway within a second (the authenticator's cache).
+Rotation issues a new key with the same tenant, name, scopes and limits (and no expiry) and lets the old
+key work for a grace period: its expiry becomes the earlier of the one it had and now + the grace. Revoking,
+rotating or changing a key's limits is seen by every gateway within a second (the authenticator's cache).
+A key's limits narrow its tenant's; null leaves only the tenant's.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin.audit import record_change
-from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
-from app.admin.tenant_service import audit_view, refuse_if_deleted
+from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
+from app.admin.tenant_service import LIMIT_FIELDS, audit_view, refuse_if_deleted
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.errors import ConflictError, NotFoundError
@@ -41,6 +43,10 @@ def key_out(key: ApiKey) -> KeyOut:
         expires_at=key.expires_at,
         revoked_at=key.revoked_at,
         last_used_at=key.last_used_at,
+        rpm_limit=key.rpm_limit,
+        tpm_limit=key.tpm_limit,
+        max_concurrent=key.max_concurrent,
+        monthly_token_budget=key.monthly_token_budget,
     )
 
 
@@ -53,6 +59,10 @@ def key_created(key: ApiKey, plaintext: str) -> KeyCreated:
         scopes=list(key.scopes),
         created_at=key.created_at,
         expires_at=key.expires_at,
+        rpm_limit=key.rpm_limit,
+        tpm_limit=key.tpm_limit,
+        max_concurrent=key.max_concurrent,
+        monthly_token_budget=key.monthly_token_budget,
         key=plaintext,
     )
 
@@ -100,6 +110,7 @@ class KeyService:
                 key_secret=self.key_secret,
                 expires_at=body.expires_at,
             )
+            await _set_limits(session, key, {name: getattr(body, name) for name in LIMIT_FIELDS})
             record_change(session, actor, "key.create", API_KEY, key.id, None, audit_view(key_out(key)))
             return key_created(key, plaintext)
 
@@ -112,6 +123,26 @@ class KeyService:
                 select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at, ApiKey.id)
             )
             return KeyList(data=[key_out(key) for key in keys])
+
+    async def update(self, actor: Principal, key_id: uuid.UUID, body: KeyUpdate) -> KeyOut:
+        """Change the limits that are set; a change that changes nothing writes no audit row."""
+        changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
+        async with self.database.sessions() as session, session.begin():
+            key = await _lock_key(session, key_id)
+            if key.revoked_at is not None:
+                raise ConflictError(
+                    f"The API key {key.prefix} ({key.id}) is revoked, so its limits cannot be changed; create a new "
+                    f"key with POST /admin/tenants/{key.tenant_id}/keys."
+                )
+            before = key_out(key)
+            changes = {name: value for name, value in changes.items() if getattr(key, name) != value}
+            if not changes:
+                return before
+            await _set_limits(session, key, changes)
+            after = key_out(key)
+            record_change(session, actor, "key.update", API_KEY, key.id, audit_view(before), audit_view(after))
+        logger.info("changed the limits of API key %s (%s): %s", key.id, key.prefix, ", ".join(sorted(changes)))
+        return after
 
     async def revoke(self, actor: Principal, key_id: uuid.UUID) -> KeyOut:
         """Revoke the key; revoking a revoked key returns it unchanged and writes no audit row."""
@@ -140,6 +171,7 @@ class KeyService:
             new, plaintext = await create_api_key(
                 session, tenant_id=old.tenant_id, name=old.name, scopes=old.scopes, key_secret=self.key_secret
             )
+            await _set_limits(session, new, {name: getattr(old, name) for name in LIMIT_FIELDS})
             grace_end = datetime.now(UTC) + timedelta(seconds=body.grace_period_s)
             old.expires_at = grace_end if old.expires_at is None else min(old.expires_at, grace_end)
             await session.flush()
@@ -147,6 +179,12 @@ class KeyService:
             record_change(session, actor, "key.rotate", API_KEY, old.id, audit_view(before), after)
         logger.info("rotated API key %s (%s) to %s (%s)", old.id, old.prefix, new.id, new.prefix)
         return key_created(new, plaintext)
+
+
+async def _set_limits(session: AsyncSession, key: ApiKey, limits: dict[str, int | None]) -> None:
+    for name, value in limits.items():
+        setattr(key, name, value)
+    await session.flush()
 
 
 async def _lock_key(session: AsyncSession, key_id: uuid.UUID) -> ApiKey:

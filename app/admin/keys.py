@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from litestar import Request, delete, get, post
+from litestar import Request, delete, get, patch, post
 from litestar.openapi.spec import Example
 from litestar.params import Body, Parameter
 
 from app.admin.key_service import KeyService
-from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate
+from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
 from app.admin.tenants import TenantId, admin_of, admin_only
 from app.web import gateway_of
 
@@ -27,7 +27,8 @@ def _keys(request: Request) -> KeyService:
     guards=[admin_only],
     summary="Create an API key",
     description="Issues a key for the tenant. The response's `key` is the plaintext, shown this once and stored "
-    "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default) and `admin` (this API).",
+    "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default) and `admin` (this API). "
+    "Limits set on the key narrow the tenant's for this key; the tenant's still hold across all its keys.",
     tags=["admin"],
 )
 async def create_key(
@@ -42,6 +43,9 @@ async def create_key(
                 Example(
                     summary="Expiring key",
                     value={"name": "ci", "scopes": ["inference"], "expires_at": "2030-01-01T00:00:00Z"},
+                ),
+                Example(
+                    summary="Key with its own limits", value={"name": "batch", "rpm_limit": 30, "tpm_limit": 20000}
                 ),
             ],
         ),
@@ -59,6 +63,31 @@ async def create_key(
 )
 async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
     return await _keys(request).list_keys(tenant_id)
+
+
+@patch(
+    "/admin/keys/{key_id:uuid}",
+    guards=[admin_only],
+    summary="Change an API key's limits",
+    description="Changes the limits given and keeps the others; a limit set to null leaves only the tenant's. "
+    "Changes hold within a second. A revoked key cannot be changed (409).",
+    tags=["admin"],
+)
+async def update_key(
+    request: Request,
+    key_id: KeyId,
+    data: Annotated[
+        KeyUpdate,
+        Body(
+            title="Key limit changes",
+            examples=[
+                Example(summary="Narrow", value={"rpm_limit": 10, "max_concurrent": 2}),
+                Example(summary="Only the tenant's limits", value={"rpm_limit": None, "tpm_limit": None}),
+            ],
+        ),
+    ],
+) -> KeyOut:
+    return await _keys(request).update(admin_of(request), key_id, data)
 
 
 @delete(
@@ -99,4 +128,4 @@ async def rotate_key(
     return await _keys(request).rotate(admin_of(request), key_id, data)
 
 
-KEY_ROUTES = [create_key, list_keys, revoke_key, rotate_key]
+KEY_ROUTES = [create_key, list_keys, update_key, revoke_key, rotate_key]

@@ -47,6 +47,7 @@ def tenant_out(tenant: Tenant) -> TenantOut:
         tpm_limit=tenant.tpm_limit,
         max_concurrent=tenant.max_concurrent,
         monthly_token_budget=tenant.monthly_token_budget,
+        fair_share_weight=tenant.fair_share_weight,
         created_at=tenant.created_at,
     )
 
@@ -72,7 +73,12 @@ def refuse_if_deleted(tenant: Tenant, what: str) -> None:
 async def add_tenant(session: AsyncSession, actor: Principal | None, body: TenantCreate) -> Tenant:
     """Insert the tenant and its audit row in `session` (the caller commits); ConflictError if the name is taken."""
     await _refuse_taken_name(session, body.name)
-    tenant = Tenant(name=body.name, status="active", **{name: getattr(body, name) for name in LIMIT_FIELDS})
+    tenant = Tenant(
+        name=body.name,
+        status="active",
+        fair_share_weight=body.fair_share_weight,
+        **{name: getattr(body, name) for name in LIMIT_FIELDS},
+    )
     session.add(tenant)
     try:
         async with session.begin_nested():

@@ -58,7 +58,10 @@ async def create_tenant(
             title="New tenant",
             examples=[
                 Example(summary="Unlimited", value={"name": "acme"}),
-                Example(summary="With limits", value={"name": "globex", "rpm_limit": 600, "tpm_limit": 200000}),
+                Example(
+                    summary="With limits",
+                    value={"name": "globex", "rpm_limit": 600, "tpm_limit": 200000, "fair_share_weight": 2.0},
+                ),
             ],
         ),
     ],
@@ -95,7 +98,8 @@ async def get_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
     "/admin/tenants/{tenant_id:uuid}",
     guards=[admin_only],
     summary="Change a tenant",
-    description="Changes the fields given and keeps the others; a limit set to null becomes unlimited. "
+    description="Changes the fields given and keeps the others; a limit set to null becomes unlimited. Limits and "
+    "`fair_share_weight` hold within a second. "
     "`status: disabled` refuses the tenant's keys within a second, `active` accepts them again. "
     "A deleted tenant cannot be changed (409).",
     tags=["admin"],
@@ -110,6 +114,7 @@ async def update_tenant(
             examples=[
                 Example(summary="Disable", value={"status": "disabled"}),
                 Example(summary="Change limits", value={"rpm_limit": 120, "monthly_token_budget": 50000000}),
+                Example(summary="Twice the share of the engine", value={"fair_share_weight": 2.0}),
             ],
         ),
     ],

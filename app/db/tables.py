@@ -36,8 +36,11 @@ class Tenant(Base):
     """A customer; its limits are None when unlimited."""
 
     __tablename__ = "tenants"
-    # A deleted tenant keeps its row (and its name) for the usage rows that point at it.
-    __table_args__ = (CheckConstraint("status IN ('active', 'disabled', 'deleted')", name="tenants_status_check"),)
+    __table_args__ = (
+        # A deleted tenant keeps its row (and its name) for the usage rows that point at it.
+        CheckConstraint("status IN ('active', 'disabled', 'deleted')", name="tenants_status_check"),
+        CheckConstraint("fair_share_weight > 0", name="tenants_fair_share_weight_check"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(Text, unique=True)
@@ -46,11 +49,16 @@ class Tenant(Base):
     tpm_limit: Mapped[int | None] = mapped_column(Integer)
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
     monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    # The tenant's share of the engine when tenants compete for it (the fair scheduler's weight).
+    fair_share_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class ApiKey(Base):
-    """A tenant's key: only its prefix and a keyed hash of the whole secret are stored."""
+    """A tenant's key: only its prefix and a keyed hash of the whole secret are stored.
+
+    Its limits are None when only the tenant's apply; a limit set here narrows the tenant's for this key.
+    """
 
     __tablename__ = "api_keys"
 
@@ -64,6 +72,10 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    tpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Adapter(Base):

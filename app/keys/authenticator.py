@@ -2,7 +2,7 @@
 
 The one idea: answers are cached per key hash for at most ``cache_ttl_s`` (1 s), counted from the start
 of the query that produced them, so the request path rarely touches PostgreSQL while a revocation,
-an expiry change or a disabled tenant is seen within a second. Unknown keys are cached too (as None),
+an expiry change, a disabled tenant or a changed limit is seen within a second. Unknown keys are cached too (as None),
 so a client retrying a wrong key does not query on every request. Expiry is checked against the clock
 on every call, not only when the cache is filled. Concurrent misses for the same key share one query.
 
@@ -34,6 +34,7 @@ from app.db.tables import ApiKey, Tenant
 from app.errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
 from app.keys.secrets import KEY_TAG, hash_api_key, key_prefix
 from app.keys.service import Scope
+from app.limits.limits import NO_LIMITS, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +116,20 @@ class MissingScopeError(PermissionDeniedError):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key and its tenant, with the key's scopes."""
+    """Who is calling: the key and its tenant, with the key's scopes and the limits that apply to it.
+
+    The limits and the weight come with the cached lookup, so a change to them holds within a second.
+    """
 
     key_id: uuid.UUID
     tenant_id: uuid.UUID
     tenant_name: str
     scopes: frozenset[str]
+    tenant_limits: Limits = NO_LIMITS
+    key_limits: Limits = NO_LIMITS
+    """The key's own limits, which narrow the tenant's (the tenant's hold across all its keys)."""
+    fair_share_weight: float = 1.0
+    """The tenant's share of the engine when tenants compete for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +278,17 @@ class Authenticator:
                 ApiKey.expires_at,
                 ApiKey.revoked_at,
                 ApiKey.tenant_id,
+                ApiKey.rpm_limit,
+                ApiKey.tpm_limit,
+                ApiKey.max_concurrent,
+                ApiKey.monthly_token_budget,
                 Tenant.name,
                 Tenant.status,
+                Tenant.rpm_limit.label("tenant_rpm_limit"),
+                Tenant.tpm_limit.label("tenant_tpm_limit"),
+                Tenant.max_concurrent.label("tenant_max_concurrent"),
+                Tenant.monthly_token_budget.label("tenant_monthly_token_budget"),
+                Tenant.fair_share_weight,
             )
             .join(Tenant, Tenant.id == ApiKey.tenant_id)
             .where(ApiKey.prefix == prefix)
@@ -288,7 +306,18 @@ class Authenticator:
             if hmac.compare_digest(row.secret_hash, key_hash):
                 record = _KeyRecord(
                     principal=Principal(
-                        key_id=row.id, tenant_id=row.tenant_id, tenant_name=row.name, scopes=frozenset(row.scopes)
+                        key_id=row.id,
+                        tenant_id=row.tenant_id,
+                        tenant_name=row.name,
+                        scopes=frozenset(row.scopes),
+                        tenant_limits=_limits(
+                            row.tenant_rpm_limit,
+                            row.tenant_tpm_limit,
+                            row.tenant_max_concurrent,
+                            row.tenant_monthly_token_budget,
+                        ),
+                        key_limits=_limits(row.rpm_limit, row.tpm_limit, row.max_concurrent, row.monthly_token_budget),
+                        fair_share_weight=row.fair_share_weight,
                     ),
                     prefix=prefix,
                     tenant_active=row.status == "active",
@@ -308,6 +337,12 @@ class Authenticator:
             if len(self._cache) <= self._max_cache_entries and now - oldest.fetched_at < self._cache_ttl_s:
                 break
             self._cache.popitem(last=False)
+
+
+def _limits(rpm: int | None, tpm: int | None, max_concurrent: int | None, monthly_tokens: int | None) -> Limits:
+    if rpm is None and tpm is None and max_concurrent is None and monthly_tokens is None:
+        return NO_LIMITS  # the common case: one shared object
+    return Limits(rpm, tpm, max_concurrent, monthly_tokens)
 
 
 def _bearer_token(authorization: str | None) -> str:

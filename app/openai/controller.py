@@ -1,8 +1,12 @@
-"""The OpenAI-compatible routes (DESIGN.md §8); each handler authenticates, decodes, and delegates."""
+"""The OpenAI-compatible routes (DESIGN.md §8); each handler authenticates, decodes, and delegates.
+
+Every answer to an authenticated caller, errors and streams included, carries OpenAI's ``x-ratelimit-*``
+headers for the caller's limits as they stand when the answer starts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated
 
 import msgspec
@@ -13,9 +17,11 @@ from litestar.params import Body
 from litestar.response import Stream
 
 from app.disconnect import cancel_on_disconnect
+from app.errors import ApiError
+from app.keys.authenticator import Principal
 from app.keys.service import Scope
 from app.openai.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
-from app.web import ERROR_RESPONSES, gateway_of, request_id_of
+from app.web import ERROR_RESPONSES, ErrorBody, gateway_of, request_id_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DESCRIPTION = (
@@ -33,6 +39,17 @@ CHAT_EXAMPLE = Example(
         "stream": False,
     },
 )
+OPENAI_ERROR_RESPONSES = {
+    **ERROR_RESPONSES,
+    429: ResponseSpec(
+        ErrorBody,
+        description="A limit of the tenant or key: `rate_limit_exceeded` (type `requests` or `tokens`; `Retry-After` "
+        "says when to retry, none when the request alone is over the limit) or `insufficient_quota` (the monthly "
+        "token budget)",
+        generate_examples=False,
+    ),
+}
+
 COMPLETION_EXAMPLE = Example(
     summary="Continue a text with the base model",
     value={"model": "SmolLM2-135M-Instruct", "prompt": "The three primary colours are", "max_tokens": 16},
@@ -45,14 +62,17 @@ COMPLETION_EXAMPLE = Example(
     summary="Create a chat completion",
     description="OpenAI's chat completions, with the model's chat template. " + SSE_DESCRIPTION,
     tags=["openai"],
-    responses={200: ResponseSpec(ChatCompletion, description="The completion (or an SSE stream)"), **ERROR_RESPONSES},
+    responses={
+        200: ResponseSpec(ChatCompletion, description="The completion (or an SSE stream)"),
+        **OPENAI_ERROR_RESPONSES,
+    },
 )
 async def chat_completions(
     request: Request, data: Annotated[ChatCompletionRequest, Body(examples=[CHAT_EXAMPLE])]
 ) -> Response:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
-    return _respond(await cancel_on_disconnect(request, gateway.openai.chat(principal, data, request_id_of(request))))
+    return await _answer(request, principal, gateway.openai.chat(principal, data, request_id_of(request)))
 
 
 @post(
@@ -61,16 +81,17 @@ async def chat_completions(
     summary="Create a completion",
     description="OpenAI's legacy completions; `prompt` is a string or a list of token ids. " + SSE_DESCRIPTION,
     tags=["openai"],
-    responses={200: ResponseSpec(Completion, description="The completion (or an SSE stream)"), **ERROR_RESPONSES},
+    responses={
+        200: ResponseSpec(Completion, description="The completion (or an SSE stream)"),
+        **OPENAI_ERROR_RESPONSES,
+    },
 )
 async def completions(
     request: Request, data: Annotated[CompletionRequest, Body(examples=[COMPLETION_EXAMPLE])]
 ) -> Response:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
-    return _respond(
-        await cancel_on_disconnect(request, gateway.openai.completion(principal, data, request_id_of(request)))
-    )
+    return await _answer(request, principal, gateway.openai.completion(principal, data, request_id_of(request)))
 
 
 @get(
@@ -80,16 +101,26 @@ async def completions(
     tags=["openai"],
     responses=ERROR_RESPONSES,
 )
-async def list_models(request: Request) -> ModelList:
+async def list_models(request: Request) -> Response[ModelList]:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
-    return await gateway.openai.models(principal)
+    return Response(content=await gateway.openai.models(principal), headers=gateway.limiter.headers(principal))
 
 
-def _respond(result: msgspec.Struct | AsyncIterator[bytes]) -> Response:
+async def _answer(
+    request: Request, principal: Principal, work: Awaitable[msgspec.Struct | AsyncIterator[bytes]]
+) -> Response:
+    """The result of ``work`` (cancelled if the client goes away) as JSON or SSE, with the rate-limit headers."""
+    limiter = gateway_of(request).limiter
+    try:
+        result = await cancel_on_disconnect(request, work)
+    except ApiError as error:
+        error.headers.update(limiter.headers(principal))
+        raise
+    headers = limiter.headers(principal)
     if isinstance(result, msgspec.Struct):
-        return Response(content=result)
-    return Stream(result, media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(content=result, headers=headers)
+    return Stream(result, media_type="text/event-stream", headers=SSE_HEADERS | headers)
 
 
 OPENAI_ROUTES = [chat_completions, completions, list_models]

@@ -2,7 +2,8 @@
 
 :func:`metered_outputs` wraps the engine's output stream. Its ``finally`` writes the usage record
 when the request finishes, fails, or its client goes away (``cancelled``, counting what was
-generated), and feeds the Prometheus counters and latency histograms.
+generated), feeds the Prometheus counters and latency histograms, and settles the run's admission
+(its token reservation becomes the tokens used, its concurrency slots are freed).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client import Histogram
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
 from app.keys.authenticator import Principal
+from app.limits.limiter import Admission
 from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
@@ -37,6 +39,7 @@ class Run:
     model: ResolvedModel
     prompt_ids: list[int]
     params: SamplingParams
+    admission: Admission
 
 
 @dataclass(slots=True)
@@ -68,7 +71,11 @@ async def metered_outputs(
         status = "cancelled"  # the client went away; leaving engine.generate aborted the sequence
         raise
     finally:
-        _record(run, meter, status, started_at, start, writer, metrics, labels)
+        try:
+            _record(run, meter, status, started_at, start, writer, metrics, labels)
+        finally:
+            num_completion = 0 if meter.last is None else len(meter.last.token_ids)
+            run.admission.settle(len(run.prompt_ids) + num_completion)  # the same count as the usage row's
 
 
 def _observe_latency(

@@ -12,6 +12,7 @@ from app.adapters.resolver import ModelResolver
 from app.engine_client import EngineClient
 from app.errors import ApiError, BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from app.keys.authenticator import Principal
+from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.openai import params as request_params
 from app.openai.runs import Run, metered_outputs
@@ -44,6 +45,7 @@ class OpenAIService:
     resolver: ModelResolver
     writer: UsageWriter
     metrics: GatewayMetrics
+    limiter: Limiter
 
     async def models(self, principal: Principal) -> ModelList:
         base = self.engine.model_name
@@ -85,10 +87,14 @@ class OpenAIService:
         request_id: str,
         endpoint: str,
     ) -> tuple[RequestOutput, AsyncIterator[RequestOutput]]:
-        """Resolve, check and submit the run; its first output and the metered stream of the rest."""
+        """Resolve, check, admit and submit the run; its first output and the metered stream of the rest."""
         run = await self._prepare(principal, body, prompt_ids, request_id, endpoint)
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
-        return await _first_output(outputs, body.model), outputs
+        try:
+            return await _first_output(outputs, body.model), outputs
+        except BaseException:
+            run.admission.settle(0)  # the stream settles once started; this covers one that never started
+            raise
 
     async def _prepare(
         self,
@@ -102,7 +108,8 @@ class OpenAIService:
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
         model = await self.resolver.resolve(principal.tenant_id, body.model)
         sampling = request_params.sampling_params(body, len(prompt_ids), self.engine.max_model_len)
-        return Run(request_id, endpoint, principal, model, prompt_ids, sampling)
+        admission = await self.limiter.admit(principal, len(prompt_ids), sampling.max_tokens)
+        return Run(request_id, endpoint, principal, model, prompt_ids, sampling, admission)
 
 
 def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:

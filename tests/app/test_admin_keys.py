@@ -22,7 +22,19 @@ from tests.app.test_admin_tenants import NO_SUCH_ID, assert_error, audit_rows, c
 
 pytestmark = pytest.mark.anyio
 
-KEY_FIELDS = {"id", "tenant_id", "name", "prefix", "scopes", "created_at", "expires_at", "revoked_at", "last_used_at"}
+LIMIT_FIELDS = {"rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_budget"}
+KEY_FIELDS = {
+    "id",
+    "tenant_id",
+    "name",
+    "prefix",
+    "scopes",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "last_used_at",
+    *LIMIT_FIELDS,
+}
 CREATED_FIELDS = KEY_FIELDS - {"revoked_at", "last_used_at"} | {"key"}
 
 
@@ -113,6 +125,8 @@ async def test_create_key_refuses_bad_fields_naming_them(gateway_settings, defau
             ({"name": "k", "expires_at": "2030-01-01T00:00:00"}, "expires_at"),  # no timezone
             ({"name": "k", "expires_at": "next week"}, "expires_at"),
             ({"name": "k", "tenant_id": str(acme.tenant_id)}, "tenant_id"),
+            ({"name": "k", "rpm_limit": -1}, "rpm_limit"),
+            ({"name": "k", "monthly_token_budget": "lots"}, "monthly_token_budget"),
         ]
         for body, param in cases:
             assert_error(await client.post(path, json=body, headers=admin.headers), 400, param)
@@ -124,6 +138,52 @@ async def test_create_key_refuses_bad_fields_naming_them(gateway_settings, defau
         keys = (await client.get(path, headers=admin.headers)).json()["data"]
         assert [key["name"] for key in keys] == ["acme-key"]
         assert await audit_rows(gateway) == []
+
+
+async def test_key_limits_are_set_changed_cleared_audited_and_kept_by_rotation(
+    gateway_settings, default_engine
+) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin, admin_key_id = await make_admin(gateway)
+        acme = await make_tenant(gateway, "acme")
+        body = {"name": "batch", "rpm_limit": 30, "tpm_limit": 20_000}
+        created = (await client.post(f"/admin/tenants/{acme.tenant_id}/keys", json=body, headers=admin.headers)).json()
+        assert {field: created[field] for field in LIMIT_FIELDS} == {
+            "rpm_limit": 30,
+            "tpm_limit": 20_000,
+            "max_concurrent": None,
+            "monthly_token_budget": None,
+        }
+        path = f"/admin/keys/{created['id']}"
+        response = await client.patch(path, json={"tpm_limit": None, "max_concurrent": 2}, headers=admin.headers)
+        assert response.status_code == 200, response.text
+        changed = response.json()
+        assert set(changed) == KEY_FIELDS
+        assert (changed["rpm_limit"], changed["tpm_limit"], changed["max_concurrent"]) == (30, None, 2)
+        assert (await client.patch(path, json={"max_concurrent": 2}, headers=admin.headers)).json() == changed
+        for bad, param in (
+            ({"rpm_limit": -1}, "rpm_limit"),
+            ({"name": "renamed"}, "name"),
+            ({"tpm_limit": 2**31}, "tpm_limit"),
+        ):
+            assert_error(await client.patch(path, json=bad, headers=admin.headers), 400, param)
+        assert_error(await client.patch(f"/admin/keys/{NO_SUCH_ID}", json={"rpm_limit": 1}, headers=admin.headers), 404)
+
+        rotated = (await client.post(f"{path}/rotate", json={"grace_period_s": 0}, headers=admin.headers)).json()
+        assert {field: rotated[field] for field in LIMIT_FIELDS} == {field: changed[field] for field in LIMIT_FIELDS}
+        revoked = await client.delete(path, headers=admin.headers)
+        assert revoked.status_code == 200
+        assert_error(await client.patch(path, json={"rpm_limit": 1}, headers=admin.headers), 409)
+
+        rows = await audit_rows(gateway)
+        assert [(row.action, row.target_id, row.actor_key_id) for row in rows] == [
+            ("key.create", created["id"], admin_key_id),
+            ("key.update", created["id"], admin_key_id),
+            ("key.rotate", created["id"], admin_key_id),
+            ("key.revoke", created["id"], admin_key_id),
+        ]
+        assert (rows[1].before["tpm_limit"], rows[1].after["tpm_limit"]) == (20_000, None)
+        assert rows[1].after == changed | {"last_used_at": None}
 
 
 async def test_revoked_key_is_refused_within_a_second(gateway_settings, default_engine) -> None:
@@ -238,6 +298,7 @@ async def test_every_key_route_needs_an_admin_key(gateway_settings, default_engi
         routes = [
             ("POST", f"/admin/tenants/{acme.tenant_id}/keys", {"name": "mine"}),
             ("GET", f"/admin/tenants/{acme.tenant_id}/keys", None),
+            ("PATCH", f"/admin/keys/{key_id}", {"rpm_limit": 1}),
             ("DELETE", f"/admin/keys/{key_id}", None),
             ("POST", f"/admin/keys/{key_id}/rotate", {"grace_period_s": 0}),
         ]

@@ -31,6 +31,7 @@ TENANT_FIELDS = {
     "tpm_limit",
     "max_concurrent",
     "monthly_token_budget",
+    "fair_share_weight",
     "created_at",
 }
 NO_SUCH_ID = "00000000-0000-4000-8000-000000000000"
@@ -83,7 +84,7 @@ async def call(client: httpx.AsyncClient, method: str, path: str, headers: dict[
 async def test_create_get_and_list_tenants(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         admin, admin_key_id = await make_admin(gateway)
-        body = {"name": "zeta", "rpm_limit": 60, "tpm_limit": 10_000, "max_concurrent": 4}
+        body = {"name": "zeta", "rpm_limit": 60, "tpm_limit": 10_000, "max_concurrent": 4, "fair_share_weight": 2.5}
         response = await client.post(
             "/admin/tenants", json=body | {"monthly_token_budget": 5_000_000_000}, headers=admin.headers
         )
@@ -104,6 +105,7 @@ async def test_create_get_and_list_tenants(gateway_settings, default_engine) -> 
             None,
             None,
         )
+        assert acme["fair_share_weight"] == 1.0
 
         assert (await client.get(f"/admin/tenants/{zeta['id']}", headers=admin.headers)).json() == zeta
         listing = await client.get("/admin/tenants", headers=admin.headers)
@@ -136,6 +138,8 @@ async def test_create_tenant_refuses_bad_fields_naming_them(gateway_settings, de
             ({"name": "acme", "rpm_limit": 2**31}, "rpm_limit"),
             ({"name": "acme", "rpm_limit": "many"}, "rpm_limit"),
             ({"name": "acme", "colour": "blue"}, "colour"),
+            ({"name": "acme", "fair_share_weight": 0}, "fair_share_weight"),
+            ({"name": "acme", "fair_share_weight": 1001}, "fair_share_weight"),
         ]
         for body, param in cases:
             assert_error(await client.post("/admin/tenants", json=body, headers=admin.headers), 400, param)
@@ -184,10 +188,11 @@ async def test_patch_changes_given_fields_and_null_clears_a_limit(gateway_settin
         acme = (await client.post("/admin/tenants", json=body, headers=admin.headers)).json()
         path = f"/admin/tenants/{acme['id']}"
 
-        response = await client.patch(path, json={"rpm_limit": None, "tpm_limit": 2000}, headers=admin.headers)
+        change = {"rpm_limit": None, "tpm_limit": 2000, "fair_share_weight": 2.0}
+        response = await client.patch(path, json=change, headers=admin.headers)
         assert response.status_code == 200, response.text
         changed = response.json()
-        assert changed == acme | {"rpm_limit": None, "tpm_limit": 2000}  # absent fields kept, null cleared
+        assert changed == acme | change  # absent fields kept, null cleared
         assert (await client.get(path, headers=admin.headers)).json() == changed
 
         # No change, no audit row.
@@ -198,6 +203,8 @@ async def test_patch_changes_given_fields_and_null_clears_a_limit(gateway_settin
             ({"status": "deleted"}, "status"),
             ({"name": None}, "name"),
             ({"max_concurrent": -1}, "max_concurrent"),
+            ({"fair_share_weight": None}, "fair_share_weight"),
+            ({"fair_share_weight": -1.0}, "fair_share_weight"),
             ({"id": acme["id"]}, "id"),
         ):
             assert_error(await client.patch(path, json=bad, headers=admin.headers), 400, param)

@@ -254,3 +254,26 @@ def test_admin_create_key_works_on_the_database(server: LiveServer, database_url
     assert "shown only now" in result.stderr
     listed = runner_for(server.url, key)("tenants", "list", "--json")
     assert "admin" in {tenant["name"] for tenant in json.loads(succeeded(listed))}
+
+
+def test_limits_and_weight_of_tenants_and_keys(loraplex: Loraplex) -> None:
+    created = succeeded(loraplex("tenants", "create", "acme", "--rpm", "600", "--weight", "2"))
+    tenant_id = re.search(UUID, created).group(0)
+    acme = {row["NAME"]: row for row in table(succeeded(loraplex("tenants", "list")))}["acme"]
+    assert (acme["RPM"], acme["WEIGHT"]) == ("600", "2.0")
+    changed = succeeded(loraplex("tenants", "limit", "acme", "--rpm", "none", "--tpm", "5000", "--weight", "0.5"))
+    assert changed == (
+        f"tenant acme ({tenant_id}): rpm -, tpm 5000, max-concurrent -, monthly-token-budget -, weight 0.5\n"
+    )
+
+    made = json.loads(succeeded(loraplex("keys", "create", "acme", "--name", "batch", "--rpm", "30", "--json")))
+    assert (made["rpm_limit"], made["tpm_limit"]) == (30, None)
+    (row,) = table(succeeded(loraplex("keys", "list", "acme")))
+    assert (row["RPM"], row["TPM"], row["CONCURRENT"]) == ("30", "-", "-")
+    changed = succeeded(loraplex("keys", "limit", made["id"], "--rpm", "none", "--max-concurrent", "2"))
+    assert changed == (
+        f"key batch ({made['prefix']}, {made['id']}): rpm -, tpm -, max-concurrent 2, monthly-token-budget -\n"
+    )
+    assert "nothing to change" in failed_with_one_line(loraplex("keys", "limit", made["id"]))
+    refused = loraplex("keys", "limit", made["id"], "--rpm", "-3")
+    assert refused.exit_code != 0 and "below 0" in refused.stderr

@@ -57,9 +57,20 @@ def test_upgrade_builds_the_documented_tables_and_is_idempotent(database_url: st
         "expires_at",
         "revoked_at",
         "last_used_at",
+        "rpm_limit",
+        "tpm_limit",
+        "max_concurrent",
+        "monthly_token_budget",
     } <= columns["api_keys"]
-    assert {"id", "name", "status", "rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_budget"} <= columns[
-        "tenants"
-    ]
+    assert {
+        "id",
+        "name",
+        "status",
+        "rpm_limit",
+        "tpm_limit",
+        "max_concurrent",
+        "monthly_token_budget",
+        "fair_share_weight",
+    } <= columns["tenants"]
     assert {"id", "tenant_id", "name", "base_model", "rank", "alpha", "target_modules", "digest"} <= columns["adapters"]
     assert {"actor_key_id", "action", "before", "after"} <= columns["audit_log"]

@@ -1,0 +1,1 @@
+"""Per-tenant limits, optionally narrowed per key: requests and tokens a minute, concurrency, a monthly budget."""
