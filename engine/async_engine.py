@@ -32,6 +32,7 @@ class _Submit:
     prompt: str | list[int]
     params: SamplingParams
     adapter: str | None
+    tenant: str | None
     sink: "_Sink"
 
 
@@ -98,8 +99,9 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str | None = None,
         adapter: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs until it finishes.
+        """Submit a request (on behalf of ``tenant``, see :meth:`Engine.add_request`) and yield its outputs.
 
         Leaving the loop early (a client that went away) aborts the request and frees its pages.
         """
@@ -111,7 +113,7 @@ class AsyncEngine:
             self._ids += 1
             request_id = f"async-{self._ids}"
         sink = _Sink(asyncio.get_running_loop())
-        self._inbox.put(_Submit(request_id, prompt, params, adapter, sink))
+        self._inbox.put(_Submit(request_id, prompt, params, adapter, tenant, sink))
         self._wake.set()
         finished = False
         try:
@@ -150,6 +152,10 @@ class AsyncEngine:
 
     async def remove_adapter(self, name: str) -> None:
         await self.call(lambda engine: engine.remove_adapter(name))
+
+    async def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """See :meth:`Engine.set_tenant_weight`; applied between two steps."""
+        await self.call(lambda engine: engine.set_tenant_weight(tenant, weight))
 
     def _loop(self) -> None:
         try:
@@ -195,7 +201,9 @@ class AsyncEngine:
                 _run_call(self.engine, command)
                 continue
             try:
-                self.engine.add_request(command.prompt, command.params, command.request_id, command.adapter)
+                self.engine.add_request(
+                    command.prompt, command.params, command.request_id, command.adapter, command.tenant
+                )
             except EngineError as error:
                 command.sink.put(error)
                 continue

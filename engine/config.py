@@ -13,6 +13,7 @@ MIN_BLOCK_SIZE = 16  # tokens per KV page; smaller pages make the gather index l
 DEFAULT_CPU_POOL_BYTES = 2 * 1024**3  # room for ~46k tokens of SmolLM2's KV in fp32
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights are loaded
 DEFAULT_HOST_ADAPTER_BYTES = 4 * 1024**3  # about 400 rank-16 all-linear adapters of SmolLM2
+SCHEDULING_POLICIES = ("fair", "fifo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,8 @@ class EngineConfig:
     """torch intra-op threads on CPU; None keeps torch's default."""
     max_host_adapter_bytes: int = DEFAULT_HOST_ADAPTER_BYTES
     """Host-memory cache of validated adapters; beyond it the least recently used are re-read from disk."""
+    scheduling_policy: str = "fair"
+    """Whose requests go first: "fair" (per-tenant virtual token counters, S-LoRA's VTC) or "fifo"."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -54,6 +57,8 @@ class EngineConfig:
             )
         if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be 'fair' or 'fifo', got {self.scheduling_policy!r}")
         if self.pool_bytes is not None and self.pool_bytes <= 0:
             raise ConfigError(f"pool_bytes must be positive, got {self.pool_bytes}")
 

@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import math
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 
@@ -11,21 +12,25 @@ from transformers import AutoTokenizer
 from engine.adapter_cache import AdapterCache
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import PoolExhaustedError, RequestError
+from engine.errors import ConfigError, PoolExhaustedError, RequestError
+from engine.fair_queue import FairQueue
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
 from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
 from engine.page_pool import PagePool
+from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import FinishReason, Sequence
+from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
 from engine.step_batch import build_step_batch
 from engine.weights import load_weights
 
 logger = logging.getLogger(__name__)
+
+QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fair": FairQueue, "fifo": FifoQueue}
 
 
 class Engine:
@@ -48,7 +53,13 @@ class Engine:
         self.pool = self._make_pool()
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
-        self.scheduler = Scheduler(self.kv, self.adapters, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.kv,
+            self.adapters,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            QUEUE_BY_POLICY[config.scheduling_policy](),
+        )
         self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         )
@@ -122,8 +133,13 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         adapter: str | None = None,
+        tenant: str | None = None,
     ) -> str:
-        """Queue a request (text, or token ids) and return its id."""
+        """Queue a request (text, or token ids) and return its id.
+
+        ``tenant`` names whose share of the engine the request uses (the fair policy serves tenants,
+        not requests, fairly); None puts it with every other request that names none.
+        """
         entry = self.adapters.get(adapter) if adapter is not None else None
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt_ids:
@@ -154,6 +170,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop),
             eos_token_ids=self._eos_ids,
             adapter=entry,
+            tenant=DEFAULT_TENANT if tenant is None else tenant,
         )
         if entry is not None:
             entry.num_requests += 1
@@ -174,6 +191,15 @@ class Engine:
         self._requests.pop(seq.request_id, None)
         if seq.adapter is not None:
             seq.adapter.num_requests -= 1
+
+    def set_tenant_weight(self, tenant: str, weight: float) -> None:
+        """Give ``tenant`` ``weight`` times the service of a tenant of weight 1 (the default) under the fair policy.
+
+        Takes effect from the next step; the FIFO policy ignores weights.
+        """
+        if not (math.isfinite(weight) and weight > 0):
+            raise ConfigError(f"a tenant's weight must be a positive number, got {weight!r} for {tenant!r}")
+        self.scheduler.waiting.set_weight(tenant, weight)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -253,4 +279,6 @@ class Engine:
             num_prompt_tokens=self._totals["prompt"],
             num_cached_prompt_tokens=self._totals["cached"],
             num_generated_tokens=self._totals["generated"],
+            scheduling_policy=self.config.scheduling_policy,
+            tenant_counters=self.scheduler.waiting.counters(),
         )

@@ -1,6 +1,6 @@
 """What the engine hands back: per-request deltas and results, and its own statistics."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.sequence import Sequence
 
@@ -52,3 +52,5 @@ class EngineStats:
     num_prompt_tokens: int
     num_cached_prompt_tokens: int
     num_generated_tokens: int
+    scheduling_policy: str = "fair"  # "fair" (per-tenant virtual token counters) or "fifo"
+    tenant_counters: dict[str, float] = field(default_factory=dict)  # fair policy: each tenant's weighted service

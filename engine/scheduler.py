@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from engine.adapter_cache import AdapterCache
 from engine.kv_cache_manager import KVCacheManager
-from engine.request_queue import FifoQueue
+from engine.request_queue import RequestQueue
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -38,19 +38,29 @@ class Scheduler:
     others). What is left of the budget admits waiting sequences in the queue's order, each only when
     its adapter is resident (or can be loaded now) and the pool has pages for its first chunk (after
     prefix-cache hits); a sequence whose adapter cannot be loaded yet is passed over, so it never holds
-    up requests for other adapters. When a running sequence needs a page and none is left, the most
-    recently admitted sequence is preempted: its pages are freed, its adapter reference dropped, and it
-    will be recomputed from its tokens later. The scheduler never touches tensors.
+    up requests for other adapters. When a running sequence needs a page and none is left, a sequence
+    not yet scheduled in this step is preempted: its pages are freed, its adapter reference dropped,
+    and it will be recomputed from its tokens later. The scheduler never touches tensors.
+
+    Whose tokens run is the queue's business (``engine.request_queue``): the order of admission, which
+    sequence gives way when pages run out, and, before anything else in a step, which running sequence
+    gives up its slot so another tenant gets its due (the fair policy; FIFO never asks). Every chunk
+    scheduled is reported to the queue as it is scheduled, so it can account for each tenant's service.
     """
 
     def __init__(
-        self, kv: KVCacheManager, adapters: AdapterCache, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        kv: KVCacheManager,
+        adapters: AdapterCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        queue: RequestQueue,
     ) -> None:
         self.kv = kv
         self.adapters = adapters
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting = FifoQueue()
+        self.waiting = queue
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
@@ -63,27 +73,36 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
-        preempted: list[str] = []
+        gave_way = self._preempt_for_fairness()
+        preempted = [seq.request_id for seq in gave_way]
         index = 0
         while index < len(self.running) and budget:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, num_new):
-                victim = self.running.pop()
+                victim = self.waiting.page_victim(self.running[index:])
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is seq:
                     break
             else:
-                scheduled.append(ScheduledSeq(seq, num_new))
+                self._serve(scheduled, seq, num_new)
                 budget -= num_new
                 index += 1
-        if not preempted:
-            budget = self._admit(budget, scheduled)
+        if len(preempted) == len(gave_way):  # pages were not short
+            # Tenants that just gave slots away get none back in this step: they go to the others.
+            budget = self._admit(budget, scheduled, frozenset(seq.tenant for seq in gave_way))
         return SchedulerOutput(tuple(scheduled), tuple(preempted), self.max_num_batched_tokens - budget)
 
-    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> int:
-        for seq in list(self.waiting):
+    def _preempt_for_fairness(self) -> list[Sequence]:
+        victims = []
+        while (victim := self.waiting.fairness_victim(self.running, self.max_num_seqs)) is not None:
+            self._preempt(victim)
+            victims.append(victim)
+        return victims
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSeq], held_back: frozenset[str]) -> int:
+        for seq in self.waiting.candidates(held_back):
             if not budget or len(self.running) >= self.max_num_seqs:
                 break
             if seq.adapter is not None and not seq.holds_adapter:
@@ -100,12 +119,21 @@ class Scheduler:
                 break
             if is_first_admission:
                 seq.num_cached_tokens = num_cached
-            self.waiting.remove(seq)
+            self.waiting.admit(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, num_new))
+            self._serve(scheduled, seq, num_new)
             budget -= num_new
         return budget
+
+    def _serve(self, scheduled: list[ScheduledSeq], seq: Sequence, num_new: int) -> None:
+        """Schedule the next ``num_new`` tokens of ``seq`` and tell the queue what its tenant gets."""
+        item = ScheduledSeq(seq, num_new)
+        scheduled.append(item)
+        prompt_end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
+        num_prompt = max(0, prompt_end - max(seq.num_computed_tokens, seq.num_prompt_tokens_charged))
+        seq.num_prompt_tokens_charged = max(seq.num_prompt_tokens_charged, prompt_end)
+        self.waiting.charge(seq, num_prompt, int(item.samples))
 
     def _release_adapter(self, seq: Sequence) -> None:
         if seq.holds_adapter:
@@ -113,6 +141,7 @@ class Scheduler:
             seq.holds_adapter = False
 
     def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
         self.kv.free(seq)
         self._release_adapter(seq)
         seq.num_computed_tokens = 0
@@ -128,10 +157,9 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Take a sequence out (done or aborted) and free its pages."""
+        self.waiting.finish(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
         self.kv.free(seq)
         self._release_adapter(seq)
         seq.status = SequenceStatus.FINISHED

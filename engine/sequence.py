@@ -13,6 +13,8 @@ from engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from engine.adapter_cache import AdapterEntry
 
+DEFAULT_TENANT = "default"  # the tenant of requests that name none
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -36,11 +38,13 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     eos_token_ids: frozenset[int]
     adapter: "AdapterEntry | None" = None  # None: the base model
+    tenant: str = DEFAULT_TENANT  # whose share of the engine this request uses (the fair policy's unit)
     holds_adapter: bool = False  # counted in the adapter's running sequences (it is resident for us)
     token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V is in this sequence's pages
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
+    num_prompt_tokens_charged: int = 0  # the prompt up to here was charged to the tenant (a recompute is not)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of the full blocks so far
     num_registered_blocks: int = 0  # full blocks already offered to the prefix cache
@@ -70,7 +74,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def is_finished(self) -> bool:
