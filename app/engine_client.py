@@ -8,6 +8,7 @@ this process. A remote worker would implement the same methods over the network,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from engine import Engine, EngineConfig, EngineStats, RequestOutput, SamplingPar
 from engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +54,16 @@ class EngineClient(Protocol):
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, adapter: str | None
-    ) -> AsyncIterator[RequestOutput]: ...
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: str | None,
+        tenant: str | None = None,
+        weight: float = 1.0,
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs; ``tenant`` and its ``weight`` are whose fair share of the engine it uses."""
+        ...
 
     async def validate_adapter(self, path: Path) -> AdapterInfo: ...
 
@@ -79,6 +90,7 @@ class LocalEngineClient:
         self.model_name = model_name
         self.max_model_len = 0
         self._engine: AsyncEngine | None = None
+        self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
     async def start(self) -> None:
         """Load the model (off the event loop: it takes seconds) and start the step loop."""
@@ -112,10 +124,23 @@ class LocalEngineClient:
         # The template writes the special tokens itself; encoding must not add a second BOS.
         return tokenizer.encode(text, add_special_tokens=False)
 
-    def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, adapter: str | None
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: str | None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        return self.engine.generate(prompt_ids, params, request_id=request_id, adapter=adapter)
+        if tenant is not None and self._weights.get(tenant, DEFAULT_WEIGHT) != weight:
+            await self.engine.set_tenant_weight(tenant, weight)  # rare: only when a tenant's weight changes
+            self._weights[tenant] = weight
+        # aclosing: a caller that stops early (a client gone) aborts the request now, not at garbage collection.
+        outputs = self.engine.generate(prompt_ids, params, request_id=request_id, adapter=adapter, tenant=tenant)
+        async with contextlib.aclosing(outputs):
+            async for output in outputs:
+                yield output
 
     async def validate_adapter(self, path: Path) -> AdapterInfo:
         """Check a PEFT folder against the base model without registering it (AdapterError if unusable)."""

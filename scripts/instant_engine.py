@@ -60,7 +60,13 @@ class InstantEngine:
         return _ids_for(num_chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(messages))
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, adapter: str | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: str | None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """One output per token, all at once: ``min(num_tokens, params.max_tokens)`` tokens, then "length"."""
         if adapter is not None and adapter not in self._adapters:

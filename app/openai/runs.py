@@ -9,6 +9,7 @@ generated), feeds the Prometheus counters and latency histograms, and settles th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -62,10 +63,19 @@ async def metered_outputs(
     labels = (run.principal.tenant_name, run.model.name if run.model.adapter_id else BASE_ADAPTER_LABEL)
     ttft, inter_token = metrics.ttft.labels(*labels), metrics.inter_token.labels(*labels)  # looked up once a run
     try:
-        async for output in engine.generate(run.prompt_ids, run.params, run.request_id, run.model.engine_adapter):
-            _observe_latency(meter, output, ttft, inter_token, start)
-            meter.last = output
-            yield output
+        outputs = engine.generate(
+            run.prompt_ids,
+            run.params,
+            run.request_id,
+            run.model.engine_adapter,
+            tenant=str(run.principal.tenant_id),
+            weight=run.principal.fair_share_weight,
+        )
+        async with contextlib.aclosing(outputs):  # leaving early aborts the sequence at once
+            async for output in outputs:
+                _observe_latency(meter, output, ttft, inter_token, start)
+                meter.last = output
+                yield output
         status = "ok"
     except (GeneratorExit, asyncio.CancelledError):
         status = "cancelled"  # the client went away; leaving engine.generate aborted the sequence
