@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -130,3 +131,20 @@ async def test_stream_without_include_usage_has_no_usage_chunk(gateway_settings,
         streamed = sum(1 for c in chunks if c["choices"][0]["delta"].get("content"))
         (row,) = await usage_rows(gateway)
         assert row.status == "ok" and 1 <= streamed <= row.completion_tokens <= 8
+
+
+async def test_requests_reach_the_engine_as_their_tenant_with_its_weight(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        patch = await client.patch(
+            f"/admin/tenants/{acme.tenant_id}", json={"fair_share_weight": 4.0}, headers=admin.headers
+        )
+        assert patch.status_code == 200, patch.text
+        await asyncio.sleep(1.1)  # the authenticator's cache: the new weight rides with the key within a second
+        response = await client.post(CHAT, json=chat_body(default_engine.model_name), headers=acme.headers)
+        assert response.status_code == 200
+        stats = await default_engine.stats()
+        served = stats.tenant_counters[str(acme.tenant_id)]
+        assert served > 0
+        assert default_engine._weights[str(acme.tenant_id)] == 4.0
