@@ -54,11 +54,13 @@ class FairQueue:
     weight / the active tenants' total weight) takes a slot from a tenant at least one slot above its
     share whose counter is not lower: that tenant's most recently admitted sequence is preempted by
     recompute (its full blocks stay in the prefix cache). Guards against thrashing: a slot only moves
-    from a tenant at least one above its share to one at least one below, so each preemption brings the
-    running set closer to the shares and no later one can move it back while the shares stand; and a
-    sequence claims a slot only if its adapter is resident (or it has none), since one whose adapter
-    cannot load yet would leave the slot empty. When pages run out, the victim is the most recently
-    admitted sequence of the running tenant with the highest counter, not just the latest admission.
+    from a tenant at least one above its share to one at least one below, so no such preemption undoes
+    another while the shares stand (slots still flow back through ordinary admissions as requests end:
+    about one preemption per request of the claiming tenant); the tenant that gave slots away gets none
+    back in the same step; and a sequence claims a slot only if its adapter is resident (or it has none),
+    since one whose adapter cannot load yet would leave the slot empty. When pages run out, the victim
+    is the most recently admitted sequence of the running tenant with the highest counter, not just the
+    latest admission.
     """
 
     def __init__(self) -> None:
