@@ -51,20 +51,9 @@ def key_out(key: ApiKey) -> KeyOut:
 
 
 def key_created(key: ApiKey, plaintext: str) -> KeyCreated:
-    return KeyCreated(
-        id=key.id,
-        tenant_id=key.tenant_id,
-        name=key.name,
-        prefix=key.prefix,
-        scopes=list(key.scopes),
-        created_at=key.created_at,
-        expires_at=key.expires_at,
-        rpm_limit=key.rpm_limit,
-        tpm_limit=key.tpm_limit,
-        max_concurrent=key.max_concurrent,
-        monthly_token_budget=key.monthly_token_budget,
-        key=plaintext,
-    )
+    """The key as listed, less what a new key cannot have yet, plus its plaintext (this once)."""
+    listed = msgspec.structs.asdict(key_out(key))
+    return KeyCreated(**{name: listed[name] for name in KeyCreated.__struct_fields__ if name in listed}, key=plaintext)
 
 
 async def store_api_key(
