@@ -10,7 +10,8 @@ from typing import TypeVar
 
 import click
 
-from app.cli_admin import MANAGEMENT_GROUPS, create_admin_key_locally
+from app.cli_adapters import adapters, usage
+from app.cli_admin import create_admin_key_locally, keys, tenants
 from app.log_format import configure_logging
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
 from app.settings import Settings, SettingsError
@@ -43,7 +44,7 @@ def cli() -> None:
     configure_logging(json_lines=os.environ.get("LORAPLEX_LOG_FORMAT", "").lower() == "json")
 
 
-for _group in MANAGEMENT_GROUPS:
+for _group in (tenants, keys, adapters, usage):
     cli.add_command(_group)
 
 

@@ -1,4 +1,5 @@
-"""The management commands: ``loraplex tenants|keys|adapters|usage ...`` against a running server's admin API.
+"""The management commands ``loraplex tenants|keys ...`` against a running server's admin API, and what every
+management group shares (``app/cli_adapters.py`` has ``adapters`` and ``usage``).
 
 Each group takes ``--url`` (LORAPLEX_URL) and ``--admin-key`` (LORAPLEX_ADMIN_KEY). Lists print a table
 (``--json`` for machines), changes print one line each, and every failure exits non-zero with one line
@@ -9,18 +10,13 @@ the database itself, for the first admin key.
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import json
 import logging
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import click
-from tqdm import tqdm
 
 from app.admin_client import DEFAULT_URL, AdminClient, AdminError
 from app.settings import Settings
@@ -64,18 +60,6 @@ KEY_COLUMNS = [
     ("REVOKED", "revoked_at"),
     ("LAST USED", "last_used_at"),
 ]
-ADAPTER_COLUMNS = [
-    ("ID", "id"),
-    ("NAME", "name"),
-    ("RANK", "rank"),
-    ("ALPHA", "alpha"),
-    ("MODULES", "target_modules"),
-    ("SIZE", "size_bytes"),
-    ("STATUS", "status"),
-    ("LOADED", "loaded"),
-    ("PINNED", "pinned"),
-    ("CREATED", "created_at"),
-]
 
 
 class Connection:
@@ -111,7 +95,7 @@ class _ManagementGroup(click.Group):
             raise click.ClickException(str(error)) from None
 
 
-def _management_group(name: str, help: str) -> click.Group:
+def management_group(name: str, help: str) -> click.Group:
     @click.group(name, cls=_ManagementGroup, help=help)
     @click.option("--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True, help=f"The server ({URL_ENV}).")
     @click.option("--admin-key", envvar=ADMIN_KEY_ENV, help=f"A key with the `admin` scope ({ADMIN_KEY_ENV}).")
@@ -189,7 +173,7 @@ def _limits_text(record: dict[str, Any]) -> str:
 
 # tenants
 
-tenants = _management_group("tenants", "Create, list, limit and disable tenants on a running server.")
+tenants = management_group("tenants", "Create, list, limit and disable tenants on a running server.")
 
 
 @tenants.command("create", help="Create a tenant named NAME.")
@@ -223,7 +207,7 @@ def tenants_create(
         monthly_token_budget=monthly_token_budget,
         fair_share_weight=weight,
     )
-    _show(tenant, as_json, f"created tenant {tenant['name']} ({tenant['id']})")
+    show(tenant, as_json, f"created tenant {tenant['name']} ({tenant['id']})")
 
 
 @tenants.command(
@@ -250,14 +234,14 @@ def tenants_limit(
         )
     client = connection.client()
     record = client.update_tenant(client.resolve_tenant(tenant)["id"], **changes)
-    _show(record, as_json, f"tenant {record['name']} ({record['id']}): {_limits_text(record)}")
+    show(record, as_json, f"tenant {record['name']} ({record['id']}): {_limits_text(record)}")
 
 
 @tenants.command("list", help="List the tenants.")
 @json_option
 @pass_connection
 def tenants_list(connection: Connection, as_json: bool) -> None:
-    _show_list(connection.client().list_tenants(), TENANT_COLUMNS, as_json, "no tenants")
+    show_list(connection.client().list_tenants(), TENANT_COLUMNS, as_json, "no tenants")
 
 
 @tenants.command("disable", help="Disable TENANT (an id or a name): its keys are refused within a second.")
@@ -271,7 +255,7 @@ def tenants_disable(connection: Connection, tenant: str) -> None:
 
 # keys
 
-keys = _management_group("keys", "Create, list, limit, revoke and rotate API keys on a running server.")
+keys = management_group("keys", "Create, list, limit, revoke and rotate API keys on a running server.")
 
 
 @keys.command("create", help="Create an API key for TENANT (an id or a name) and print it, the only time it is shown.")
@@ -317,7 +301,7 @@ def keys_create(
     )
     scope_text = ",".join(key["scopes"])
     line = f"created key {key['name']} ({key['id']}) for tenant {owner['name']} (scopes {scope_text}): {key['key']}"
-    _show(key, as_json, line)
+    show(key, as_json, line)
     _warn_shown_once()
 
 
@@ -327,7 +311,7 @@ def keys_create(
 @pass_connection
 def keys_list(connection: Connection, tenant: str, as_json: bool) -> None:
     client = connection.client()
-    _show_list(client.list_keys(client.resolve_tenant(tenant)["id"]), KEY_COLUMNS, as_json, "no keys")
+    show_list(client.list_keys(client.resolve_tenant(tenant)["id"]), KEY_COLUMNS, as_json, "no keys")
 
 
 @keys.command(
@@ -343,7 +327,7 @@ def keys_limit(connection: Connection, key_id: str, as_json: bool, **limits: int
     if not changes:
         raise click.ClickException("nothing to change: give --rpm, --tpm, --max-concurrent or --monthly-token-budget")
     key = connection.client().update_key(key_id, **changes)
-    _show(key, as_json, f"key {key['name']} ({key['prefix']}, {key['id']}): {_limits_text(key)}")
+    show(key, as_json, f"key {key['name']} ({key['prefix']}, {key['id']}): {_limits_text(key)}")
 
 
 @keys.command("revoke", help="Revoke the key KEY_ID: it is refused within a second.")
@@ -368,116 +352,11 @@ def keys_revoke(connection: Connection, key_id: str) -> None:
 def keys_rotate(connection: Connection, key_id: str, grace_period: int, as_json: bool) -> None:
     key = connection.client().rotate_key(key_id, grace_period)
     line = f"rotated key {key_id} to {key['name']} ({key['id']}), old key valid {grace_period} s more: {key['key']}"
-    _show(key, as_json, line)
+    show(key, as_json, line)
     _warn_shown_once()
 
 
 # adapters
-
-adapters = _management_group("adapters", "Upload, list, load, pin and delete adapters on a running server.")
-
-
-@adapters.command("upload", help="Upload the PEFT LoRA in FOLDER as TENANT's adapter NAME (its `model` name).")
-@click.argument("tenant")
-@click.argument("name")
-@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--replace", is_flag=True, help="Replace the tenant's adapter of that name.")
-@json_option
-@pass_connection
-def adapters_upload(connection: Connection, tenant: str, name: str, folder: Path, replace: bool, as_json: bool) -> None:
-    client = connection.client()
-    owner = client.resolve_tenant(tenant)
-    bar = _UploadBar(f"uploading {name}")
-    try:
-        adapter = client.upload_adapter(
-            owner["id"], name, folder, replace=replace, on_start=bar.start, on_bytes=bar.update
-        )
-    finally:
-        bar.close()
-    state = "loaded" if adapter.get("loaded") else "not loaded"
-    line = (
-        f"uploaded adapter {adapter['name']} ({adapter['id']}) for tenant {owner['name']}: rank {adapter['rank']}, "
-        f"{_size(adapter['size_bytes'])}, {state}"
-    )
-    _show(adapter, as_json, line)
-
-
-@adapters.command("list", help="List the adapters of TENANT (an id or a name).")
-@click.argument("tenant")
-@json_option
-@pass_connection
-def adapters_list(connection: Connection, tenant: str, as_json: bool) -> None:
-    client = connection.client()
-    _show_list(client.list_adapters(client.resolve_tenant(tenant)["id"]), ADAPTER_COLUMNS, as_json, "no adapters")
-
-
-@adapters.command("load", help="Load the adapter ADAPTER_ID into the engine now (else its first request does).")
-@click.argument("adapter_id")
-@pass_connection
-def adapters_load(connection: Connection, adapter_id: str) -> None:
-    _changed("loaded", adapter_id, connection.client().adapter_action(adapter_id, "load"))
-
-
-@adapters.command("unload", help="Unload the adapter ADAPTER_ID from the engine (its next request loads it again).")
-@click.argument("adapter_id")
-@pass_connection
-def adapters_unload(connection: Connection, adapter_id: str) -> None:
-    _changed("unloaded", adapter_id, connection.client().adapter_action(adapter_id, "unload"))
-
-
-@adapters.command("delete", help="Delete the adapter ADAPTER_ID; its usage rows stay.")
-@click.argument("adapter_id")
-@pass_connection
-def adapters_delete(connection: Connection, adapter_id: str) -> None:
-    _changed("deleted", adapter_id, connection.client().delete_adapter(adapter_id))
-
-
-@adapters.command("pin", help="Keep the adapter ADAPTER_ID resident in the engine's pool (--unpin: let it go).")
-@click.argument("adapter_id")
-@click.option("--unpin", is_flag=True, help="Unpin instead.")
-@pass_connection
-def adapters_pin(connection: Connection, adapter_id: str, unpin: bool) -> None:
-    adapter = connection.client().pin_adapter(adapter_id, pinned=not unpin)
-    _changed("unpinned" if unpin else "pinned", adapter_id, adapter)
-
-
-# usage
-
-usage = _management_group("usage", "Export usage per day, tenant and adapter from a running server.")
-
-
-@usage.command("export", help="Print (or write to --output) usage per UTC day, tenant and adapter.")
-@click.option("--start", help="First day, YYYY-MM-DD (default: 29 days before --end).")
-@click.option("--end", help="Last day, YYYY-MM-DD, included (default: today, UTC).")
-@click.option("--tenant", help="Only this tenant (an id or a name).")
-@click.option("--adapter", help="Only this adapter (its id).")
-@click.option("--format", "output_format", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write to this file.")
-@pass_connection
-def usage_export(
-    connection: Connection,
-    start: str | None,
-    end: str | None,
-    tenant: str | None,
-    adapter: str | None,
-    output_format: str,
-    output: Path | None,
-) -> None:
-    client = connection.client()
-    tenant_id = None if tenant is None else client.resolve_tenant(tenant)["id"]
-    body = client.usage(start=start, end=end, tenant_id=tenant_id, adapter_id=adapter, format=output_format)
-    if output is None:
-        click.echo(body, nl=not body.endswith(b"\n"))
-        return
-    output.write_bytes(body)
-    if output_format == "csv":
-        num_rows = sum(1 for _ in csv.reader(io.StringIO(body.decode()))) - 1  # less the header line
-    else:
-        num_rows = len(json.loads(body)["data"])
-    click.echo(f"wrote {num_rows} usage rows to {output}")
-
-
-MANAGEMENT_GROUPS = [tenants, keys, adapters, usage]
 
 
 def create_admin_key_locally(settings: Settings, database_url: str, name: str) -> str:
@@ -503,29 +382,24 @@ def create_admin_key_locally(settings: Settings, database_url: str, name: str) -
         upgrade(database_url)
         return asyncio.run(create(load_or_create_key_secret(settings.home, settings.key_secret)))
     except (SQLAlchemyError, OSError) as error:
-        raise click.ClickException(f"cannot create the key in the database: {_first_line(error)}") from None
+        raise click.ClickException(f"cannot create the key in the database: {first_line(error)}") from None
     except RuntimeError as error:  # e.g. the `admin` tenant was deleted
-        raise click.ClickException(_first_line(error)) from None
+        raise click.ClickException(first_line(error)) from None
     finally:
         root_logger.setLevel(level)
 
 
-def _show(record: dict[str, Any], as_json: bool, line: str) -> None:
+def show(record: dict[str, Any], as_json: bool, line: str) -> None:
     click.echo(json.dumps(record, indent=2) if as_json else line)
 
 
-def _show_list(rows: list[dict[str, Any]], columns: list[tuple[str, str]], as_json: bool, empty: str) -> None:
+def show_list(rows: list[dict[str, Any]], columns: list[tuple[str, str]], as_json: bool, empty: str) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
         click.echo(empty)
     else:
         click.echo(_table(rows, columns))
-
-
-def _changed(verb: str, adapter_id: str, adapter: dict[str, Any]) -> None:
-    name = adapter.get("name")
-    click.echo(f"{verb} adapter {name} ({adapter_id})" if name else f"{verb} adapter {adapter_id}")
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
@@ -547,7 +421,7 @@ def _cell(field: str, value: Any) -> str:
     if field.endswith("_at"):
         return _when(value)
     if field == "size_bytes":
-        return _size(value)
+        return human_size(value)
     return str(value)
 
 
@@ -562,7 +436,7 @@ def _when(value: str) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S}Z"
 
 
-def _size(num_bytes: int) -> str:
+def human_size(num_bytes: int) -> str:
     size = float(num_bytes)
     for unit in ("B", "KiB", "MiB"):
         if size < 1024:
@@ -586,31 +460,10 @@ def _checked_time(value: str | None) -> str | None:
     return moment.isoformat()
 
 
-class _UploadBar:
-    """A progress bar in bytes on stderr, shown once the upload's length is known."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self._bar: tqdm | None = None
-
-    def start(self, num_bytes: int) -> None:
-        self._bar = tqdm(
-            desc=self.label, total=num_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr
-        )
-
-    def update(self, num_bytes: int) -> None:
-        if self._bar is not None:
-            self._bar.update(num_bytes)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _warn_shown_once() -> None:
     click.echo("The key is shown only now: store it somewhere safe.", err=True)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
