@@ -2,7 +2,7 @@
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import ConfigError, EngineError, PoolExhaustedError, RequestError
+from engine.errors import ConfigError, EngineError, PoolExhaustedError, RequestError, RequestFailedError
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -14,6 +14,7 @@ __all__ = [
     "EngineStats",
     "PoolExhaustedError",
     "RequestError",
+    "RequestFailedError",
     "RequestOutput",
     "SamplingParams",
 ]

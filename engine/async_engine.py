@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.engine import Engine
-from engine.errors import EngineDeadError, EngineError
+from engine.errors import EngineDeadError, EngineError, RequestFailedError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -103,7 +103,8 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request (on behalf of ``tenant``, see :meth:`Engine.add_request`) and yield its outputs.
 
-        Leaving the loop early (a client that went away) aborts the request and frees its pages.
+        Leaving the loop early (a client that went away) aborts the request and frees its pages. A
+        request the engine failed on (see :meth:`Engine.step`) raises RequestFailedError; others go on.
         """
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self._error}")
@@ -122,6 +123,8 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if item.error is not None:
+                    raise RequestFailedError(f"the engine failed while running request {request_id}: {item.error}")
                 yield item
                 if finished:
                     return

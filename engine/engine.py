@@ -23,7 +23,7 @@ from engine.page_pool import PagePool
 from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
 from engine.step_batch import build_step_batch
 from engine.weights import load_weights
@@ -207,19 +207,53 @@ class Engine:
     # The step -------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output for every request that got a token or finished."""
-        scheduled = self.scheduler.schedule()
-        sampled = self._run(scheduled)
-        return self._update(scheduled, sampled)
+        """Run one iteration; return an output for every request that got a token or finished.
 
-    def _run(self, scheduled: SchedulerOutput) -> list[tuple[Sequence, int]]:
-        """The forward pass and sampling: each sequence that reached its end gets one token."""
+        A failure is contained to the requests it belongs to: when the batched forward pass raises, each
+        scheduled sequence runs again on its own, and only those that fail alone finish with reason
+        "error" (and the error in their output); the others go on as if nothing happened. Running a
+        chunk again is safe: it writes the same K/V into the same slots.
+        """
+        scheduled = self.scheduler.schedule()
         self._totals["preemptions"] += len(scheduled.preempted_ids)
-        if scheduled.is_empty:
+        failed: list[RequestOutput] = []
+        try:
+            sampled = self._run(scheduled.scheduled)
+        except Exception:
+            logger.exception("a step of %d sequences failed; running each on its own", len(scheduled.scheduled))
+            scheduled, sampled, failed = self._run_each(scheduled)
+        return failed + self._update(scheduled, sampled)
+
+    def _run(self, items: tuple[ScheduledSeq, ...]) -> list[tuple[Sequence, int]]:
+        """The forward pass and sampling: each sequence that reached its end gets one token."""
+        if not items:
             return []
-        batch = build_step_batch(scheduled, self.pool, self.model_config, self.device)
+        batch = build_step_batch(items, self.pool, self.model_config, self.device)
         logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
         return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
+
+    def _run_each(
+        self, scheduled: SchedulerOutput
+    ) -> tuple[SchedulerOutput, list[tuple[Sequence, int]], list[RequestOutput]]:
+        """After a failed step: run every sequence alone; fail those that fail alone, keep the others' tokens."""
+        kept: list[ScheduledSeq] = []
+        sampled: list[tuple[Sequence, int]] = []
+        failed: list[RequestOutput] = []
+        for item in scheduled.scheduled:
+            try:
+                sampled += self._run((item,))
+            except Exception as error:
+                failed.append(self._fail(item.seq, error))
+                continue
+            kept.append(item)
+        num_kept_tokens = sum(item.num_new_tokens for item in kept)
+        return SchedulerOutput(tuple(kept), scheduled.preempted_ids, num_kept_tokens), sampled, failed
+
+    def _fail(self, seq: Sequence, error: Exception) -> RequestOutput:
+        """Finish ``seq`` with reason "error" and free its pages; its output carries the error for the logs."""
+        logger.error("request %s failed in the engine", seq.request_id, exc_info=error)
+        self._finish(seq, FinishReason.ERROR)
+        return RequestOutput.of(seq, [], "", error=f"{type(error).__name__}: {error}")
 
     def _update(self, scheduled: SchedulerOutput, sampled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
         self.scheduler.update(scheduled)
@@ -229,7 +263,11 @@ class Engine:
                 self._totals["prompt"] += seq.num_prompt_tokens
                 self._totals["cached"] += seq.num_cached_tokens
             self._totals["generated"] += 1
-            delta = seq.append_token(token_id)
+            try:
+                delta = seq.append_token(token_id)
+            except Exception as error:  # e.g. detokenizing or a stop check: only this request fails
+                outputs.append(self._fail(seq, error))
+                continue
             if seq.finish_reason is not None:
                 self._finish(seq, seq.finish_reason)
             outputs.append(RequestOutput.of(seq, [token_id], delta))

@@ -21,6 +21,10 @@ class EngineDeadError(EngineError):
     """The engine's step loop stopped after an unexpected error; no more requests are accepted."""
 
 
+class RequestFailedError(EngineError):
+    """The engine failed while running this one request (a bug or a fault); the other requests went on."""
+
+
 class AdapterError(EngineError):
     """A LoRA adapter cannot be loaded; the message names the file, setting or tensor at fault."""
 

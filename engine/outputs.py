@@ -18,13 +18,16 @@ class RequestOutput:
     finish_reason: str | None
     num_cached_tokens: int
     ttft_s: float | None  # seconds from arrival to the first generated token
+    error: str | None = None  # finish_reason "error": what went wrong, for the logs (not for end users)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @classmethod
-    def of(cls, seq: Sequence, delta_token_ids: list[int], delta_text: str) -> "RequestOutput":
+    def of(
+        cls, seq: Sequence, delta_token_ids: list[int], delta_text: str, error: str | None = None
+    ) -> "RequestOutput":
         ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time
         return cls(
             request_id=seq.request_id,
@@ -36,6 +39,7 @@ class RequestOutput:
             finish_reason=None if seq.finish_reason is None else str(seq.finish_reason),
             num_cached_tokens=seq.num_cached_tokens,
             ttft_s=ttft,
+            error=error,
         )
 
 

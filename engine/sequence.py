@@ -26,6 +26,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # the caller aborted (or the client went away)
+    ERROR = "error"  # the engine failed while running this sequence; the others went on
 
 
 @dataclass(slots=True, eq=False)

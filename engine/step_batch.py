@@ -8,7 +8,7 @@ import torch
 from engine.config import ModelConfig
 from engine.lora_batch import LoraStep, build_lora_step
 from engine.page_pool import PagePool
-from engine.scheduler import SchedulerOutput
+from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 
@@ -31,13 +31,13 @@ class StepBatch:
 
 
 def build_step_batch(
-    output: SchedulerOutput, pool: PagePool, model: ModelConfig, device: torch.device
+    scheduled: tuple[ScheduledSeq, ...], pool: PagePool, model: ModelConfig, device: torch.device
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them)."""
     # Decode rows first, shortest context first, so the CPU attention's buckets pad little.
     block_size = pool.block_size
     items = sorted(
-        output.scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
+        scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
     )
     num_decode = sum(item.num_new_tokens == 1 for item in items)
     input_ids: list[int] = []

@@ -3,7 +3,8 @@
 :func:`metered_outputs` wraps the engine's output stream. Its ``finally`` writes the usage record
 when the request finishes, fails, or its client goes away (``cancelled``, counting what was
 generated), feeds the Prometheus counters and latency histograms, and settles the run's admission
-(its token reservation becomes the tokens used, its concurrency slots are freed).
+(its token reservation becomes the tokens used, its concurrency slots are freed). A request the engine
+failed on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from prometheus_client import Histogram
 
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
+from app.errors import InternalError
 from app.keys.authenticator import Principal
 from app.limits.limiter import Admission
 from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
-from engine import RequestOutput, SamplingParams
+from engine import RequestFailedError, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,11 @@ async def metered_outputs(
                 meter.last = output
                 yield output
         status = "ok"
+    except RequestFailedError:  # the engine logged what went wrong; the client gets no internals
+        raise InternalError(
+            f"The server failed while generating this response (request id {run.request_id}); the failure was "
+            "logged and no other request was affected. Retry; if it fails again, report the request id."
+        ) from None
     except (GeneratorExit, asyncio.CancelledError):
         status = "cancelled"  # the client went away; leaving engine.generate aborted the sequence
         raise

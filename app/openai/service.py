@@ -183,7 +183,7 @@ async def _chat_stream(
             last = output
             if output.delta_text:
                 yield _sse(chunk(ChatDelta(content=output.delta_text), None))
-    except (RequestError, EngineDeadError) as error:
+    except (RequestError, EngineDeadError, ApiError) as error:
         yield _sse_error(error)
         return
     finally:
@@ -214,7 +214,7 @@ async def _completion_stream(
                 yield _sse(chunk(output.delta_text, None))
             elif output.finished:
                 yield _sse(chunk(output.delta_text, output.finish_reason))
-    except (RequestError, EngineDeadError) as error:
+    except (RequestError, EngineDeadError, ApiError) as error:
         yield _sse_error(error)
         return
     finally:
