@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from transformers import PreTrainedTokenizerBase
+
 from engine import Engine, EngineConfig, EngineStats, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
@@ -42,6 +44,8 @@ class EngineClient(Protocol):
     """The base model's name in the API."""
     max_model_len: int
     """Most tokens a request may hold, prompt and completion together."""
+    max_prompt_chars: int
+    """Longest text that could fit in the context; a longer prompt is refused without tokenizing it."""
 
     async def start(self) -> None: ...
 
@@ -63,6 +67,10 @@ class EngineClient(Protocol):
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs; ``tenant`` and its ``weight`` are whose fair share of the engine it uses."""
+        ...
+
+    def abort_all(self) -> None:
+        """End every request in flight now; their output streams end with finish reason "abort"."""
         ...
 
     async def validate_adapter(self, path: Path) -> AdapterInfo: ...
@@ -89,6 +97,7 @@ class LocalEngineClient:
         self.config = config
         self.model_name = model_name
         self.max_model_len = 0
+        self.max_prompt_chars = 0
         self._engine: AsyncEngine | None = None
         self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
@@ -98,6 +107,7 @@ class LocalEngineClient:
             return
         engine = await asyncio.to_thread(Engine, self.config)
         self.max_model_len = engine.max_model_len
+        self.max_prompt_chars = engine.max_model_len * longest_token_chars(engine.tokenizer)
         self._engine = AsyncEngine(engine)
         self._engine.start()
 
@@ -142,6 +152,9 @@ class LocalEngineClient:
             async for output in outputs:
                 yield output
 
+    def abort_all(self) -> None:
+        self.engine.abort_all()
+
     async def validate_adapter(self, path: Path) -> AdapterInfo:
         """Check a PEFT folder against the base model without registering it (AdapterError if unusable)."""
         adapter = await asyncio.to_thread(self.engine.engine.validate_adapter, path)
@@ -167,3 +180,13 @@ class LocalEngineClient:
 
     async def stats(self) -> EngineStats:
         return await self.engine.call(lambda engine: engine.stats())
+
+
+def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters of text one token can stand for, so a text over ``max_model_len`` times it cannot fit.
+
+    A vocabulary entry is at least as long as the text it stands for: byte-level BPE writes one character
+    per byte (and a character is at least one byte), SentencePiece one per character (its byte-fallback
+    entries, ``<0x0A>``, are longer than their byte).
+    """
+    return max(len(token) for token in tokenizer.get_vocab())

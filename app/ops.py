@@ -21,8 +21,12 @@ class Readiness(msgspec.Struct):
 
 
 READY = Example(summary="Ready", value={"status": "ready", "checks": {"model": True, "database": True}})
+DEGRADED = Example(
+    summary="Database down: serving cached keys, usage buffered",
+    value={"status": "degraded", "checks": {"model": True, "database": False}},
+)
 NOT_READY = Example(
-    summary="Database down", value={"status": "not ready", "checks": {"model": True, "database": False}}
+    summary="Model not loaded", value={"status": "not ready", "checks": {"model": False, "database": True}}
 )
 
 
@@ -40,18 +44,22 @@ async def health() -> Health:
 @get(
     "/ready",
     summary="Readiness: the model is loaded and the database answers",
-    description="200 when both checks pass, else 503 naming the check that failed; for load balancers.",
+    description="For load balancers and alerts. 200 `ready` when both checks pass; 200 `degraded` when the model "
+    "serves but the database does not answer (keys and adapters used within the last hour keep working, usage "
+    "rows wait in memory and are written when it is back; alert on it, but keep routing traffic here); 503 "
+    "`not ready` when the model cannot serve.",
     tags=["operations"],
     responses={
-        200: ResponseSpec(Readiness, examples=[READY]),
-        503: ResponseSpec(Readiness, description="A check failed", examples=[NOT_READY]),
+        200: ResponseSpec(Readiness, examples=[READY, DEGRADED]),
+        503: ResponseSpec(Readiness, description="The model cannot serve", examples=[NOT_READY]),
     },
 )
 async def ready(request: Request) -> Response:
     gateway = gateway_of(request)
     checks = {"model": gateway.engine.is_ready(), "database": await gateway.database.ping()}
-    status = "ready" if all(checks.values()) else "not ready"
-    return json_response(Readiness(status=status, checks=checks), 200 if status == "ready" else 503)
+    if not checks["model"]:
+        return json_response(Readiness(status="not ready", checks=checks), 503)
+    return json_response(Readiness(status="ready" if checks["database"] else "degraded", checks=checks), 200)
 
 
 @get(

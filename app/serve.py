@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -17,7 +19,34 @@ from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 10  # streams in flight get this long to finish on Ctrl-C before they are cancelled
+END_MARGIN_S = 2.0  # before the grace period runs out, requests still running are ended, so streams end cleanly
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's graceful shutdown, with a clean end for requests that outlast the grace period.
+
+    On SIGTERM (or Ctrl-C) uvicorn stops accepting connections, lets running responses finish for up to
+    ``timeout_graceful_shutdown`` seconds, then cancels what is left, which would cut streams mid-response.
+    ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's
+    error event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and
+    writes the usage still buffered (or spills it to the data folder when the database is away).
+    """
+
+    def __init__(self, config: uvicorn.Config, app: Litestar) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        engine = getattr(self._app.state, "gateway", None) and self._app.state.gateway.engine
+        grace = self.config.timeout_graceful_shutdown or 0
+        timer = None
+        if engine is not None and engine.is_ready():
+            timer = asyncio.get_running_loop().call_later(max(0.0, grace - END_MARGIN_S), engine.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def run_server(settings: Settings, host: str, port: int) -> None:
@@ -33,10 +62,11 @@ def run_server(settings: Settings, host: str, port: int) -> None:
         sys.stdout.flush()
 
     app.on_startup.append(announce)
+    grace_s = round(settings.shutdown_grace_s)
     config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=grace_s
     )
-    uvicorn.Server(config).run()
+    GracefulServer(config, app).run()
 
 
 def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:

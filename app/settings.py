@@ -13,6 +13,9 @@ from app.model_store import DEFAULT_MODEL_SPEC
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
+# A full context of a long-context model (128k tokens, about 512 KiB of text) with room for JSON escapes;
+# the default model's context fits in a few hundred KiB. Bodies are parsed before the key is checked.
+DEFAULT_MAX_REQUEST_KB = 4096
 
 
 class SettingsError(ValueError):
@@ -59,6 +62,12 @@ class Settings:
     max_adapter_bytes: int = 512 * 1024**2
     """Largest adapter upload accepted, all files together (LORAPLEX_MAX_ADAPTER_MB, in MiB)."""
 
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_KB * 1024
+    """Largest body of any request but an adapter upload, 413 past it (LORAPLEX_MAX_REQUEST_KB, in KiB)."""
+
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long running requests may take to finish before they are ended (LORAPLEX_SHUTDOWN_GRACE_S)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -78,6 +87,8 @@ class Settings:
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
             max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK") or 256,
             max_adapter_bytes=(_int(env, "LORAPLEX_MAX_ADAPTER_MB") or 512) * 1024**2,
+            max_request_bytes=(_int(env, "LORAPLEX_MAX_REQUEST_KB") or DEFAULT_MAX_REQUEST_KB) * 1024,
+            shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S") or 30,
         )
 
 

@@ -42,6 +42,11 @@ class _Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class _AbortAll:
+    """End every request now; each stream gets its final output (finish reason "abort")."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Call:
     """Run ``fn(engine)`` on the step thread between two steps; its result lands in ``future``."""
 
@@ -71,7 +76,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Call | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | _AbortAll | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._sinks: dict[str, _Sink] = {}
         self._thread: threading.Thread | None = None
@@ -136,6 +141,14 @@ class AsyncEngine:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
 
+    def abort_all(self) -> None:
+        """End every request in flight before the next step; their streams end with finish reason "abort".
+
+        For a server whose shutdown grace period runs out: its streams end cleanly instead of being cut.
+        """
+        self._inbox.put(_AbortAll())
+        self._wake.set()
+
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
         if self._thread is None:
@@ -189,13 +202,15 @@ class AsyncEngine:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return True
-            if command is None:
+            if command is None or isinstance(command, _AbortAll):
                 for request_id, sink in self._sinks.items():
                     output = self.engine.abort_request(request_id)
                     if output is not None:
                         sink.put(output)
                 self._sinks.clear()
-                return False
+                if command is None:
+                    return False
+                continue
             if isinstance(command, _Abort):
                 self.engine.abort_request(command.request_id)
                 self._sinks.pop(command.request_id, None)

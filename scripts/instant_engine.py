@@ -90,6 +90,9 @@ class InstantEngine:
                 ttft_s=0.0,
             )
 
+    def abort_all(self) -> None:
+        """Nothing to end: every reply is complete the moment it starts."""
+
     async def validate_adapter(self, path: Path) -> AdapterInfo:
         return AdapterInfo(
             digest=hashlib.sha256(str(path).encode()).hexdigest(),

@@ -3,7 +3,8 @@
 ``model`` is the base model's name or the name of one of the caller's tenant's adapters. Anything
 else, including another tenant's adapter, is the same 404, so a caller learns nothing about what
 other tenants have. Lookups are cached for a second, so a request usually makes no query while a
-deleted adapter disappears within that second.
+deleted adapter disappears within that second. While the database does not answer, the last lookup of
+a name stands (requests for adapters in use keep working); a name never looked up gets 503.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import EngineClient
-from app.errors import ModelNotFoundError
+from app.errors import ModelNotFoundError, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 
 CACHE_TTL_S = 1.0  # how long a lookup is trusted; deletions take effect within it
+STALE_IF_ERROR_S = 3600.0  # through a database outage, names looked up within the last hour keep resolving
 MAX_CACHE_ENTRIES = 100_000
 # Deleted adapters this process refuses to load again. Only a request that read the row just before the
 # deletion can still ask for one, so remembering the most recent deletions is enough.
@@ -80,8 +83,11 @@ class ModelResolver:
             .where(Adapter.tenant_id == tenant_id, Adapter.status == "ready")
             .order_by(Adapter.created_at)
         )
-        async with self.database.sessions() as session:
-            rows = (await session.execute(query)).all()
+        try:
+            async with self.database.sessions() as session:
+                rows = (await session.execute(query)).all()
+        except (SQLAlchemyError, OSError) as error:
+            raise _database_unavailable("the models could not be listed", error) from error
         return [(name, int(created_at.timestamp())) for name, created_at in rows]
 
     def forget(self, tenant_id: uuid.UUID, model: str) -> None:
@@ -111,8 +117,13 @@ class ModelResolver:
         query = select(Adapter.id, Adapter.storage_path).where(
             Adapter.tenant_id == tenant_id, Adapter.name == model, Adapter.status == "ready"
         )
-        async with self.database.sessions() as session:
-            row = (await session.execute(query)).first()
+        try:
+            async with self.database.sessions() as session:
+                row = (await session.execute(query)).first()
+        except (SQLAlchemyError, OSError) as error:
+            if cached is not None and now - cached[0] < STALE_IF_ERROR_S:
+                return cached[1]  # the database is away: the last answer stands
+            raise _database_unavailable(f"the model `{model}` could not be looked up", error) from error
         record = None if row is None else _AdapterRecord(row.id, Path(row.storage_path))
         if len(self._cache) >= MAX_CACHE_ENTRIES:
             self._cache.pop(next(iter(self._cache)))
@@ -146,3 +157,8 @@ class ModelResolver:
                 del self._num_loading[engine_name]
                 del self._loading[engine_name]
         return True
+
+
+def _database_unavailable(what: str, error: Exception) -> ServiceUnavailableError:
+    logger.warning("%s: %s", what, error)
+    return ServiceUnavailableError(f"The database is unavailable, so {what}; retry in a few seconds.")

@@ -12,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 POOL_SIZE = 10  # connections kept open; the request path reads through caches, so few are needed
 PING_TIMEOUT_S = 2.0  # /ready answers within this even when the database hangs
+CONNECT_TIMEOUT_S = 5.0  # a database host that drops packets fails a query in seconds, not asyncpg's 60
 
 
 def async_url(url: str) -> str:
@@ -27,7 +28,9 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine: AsyncEngine = create_async_engine(async_url(url), pool_size=POOL_SIZE, pool_pre_ping=True)
+        self.engine: AsyncEngine = create_async_engine(
+            async_url(url), pool_size=POOL_SIZE, pool_pre_ping=True, connect_args={"timeout": CONNECT_TIMEOUT_S}
+        )
         self.sessions: async_sessionmaker[AsyncSession] = async_sessionmaker(self.engine, expire_on_commit=False)
 
     async def ping(self) -> bool:

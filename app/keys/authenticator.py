@@ -2,7 +2,9 @@
 
 The one idea: answers are cached per key hash for at most ``cache_ttl_s`` (1 s), counted from the start
 of the query that produced them, so the request path rarely touches PostgreSQL while a revocation,
-an expiry change, a disabled tenant or a changed limit is seen within a second. Unknown keys are cached too (as None),
+an expiry change, a disabled tenant or a changed limit is seen within a second. While the database does
+not answer, a key checked within the last ``STALE_IF_ERROR_S`` keeps its last answer (a revocation made
+meanwhile is seen once the database is back); a key never seen gets 503. Unknown keys are cached too (as None),
 so a client retrying a wrong key does not query on every request. Expiry is checked against the clock
 on every call, not only when the cache is filled. Concurrent misses for the same key share one query.
 
@@ -22,6 +24,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -41,6 +44,8 @@ logger = logging.getLogger(__name__)
 CACHE_TTL_S = 1.0  # the promise: a revocation, expiry change or disabled tenant is seen within one second
 LAST_USED_FLUSH_S = 30.0  # last_used_at is for people reading listings; half a minute late is fine
 MAX_CACHE_ENTRIES = 100_000  # a few tens of MB at most, whatever number of distinct (wrong) keys clients send
+STALE_IF_ERROR_S = 3600.0  # through a database outage, keys checked within the last hour keep working
+OUTAGE_RETRY_S = 1.0  # after a failed lookup, stale answers are served without asking the database again this long
 MAX_ECHOED_SCHEME_CHARS = 20  # a longer "scheme" is more likely a pasted secret than a scheme name
 MASK_TAIL_CHARS = 4  # characters of a wrong key echoed back, as OpenAI does, so the user can tell which key
 
@@ -175,6 +180,16 @@ class Authenticator:
         self._loading: dict[bytes, asyncio.Task[_KeyRecord | None]] = {}
         self._last_used: dict[uuid.UUID, datetime] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._unreachable_until = 0.0  # time.monotonic() before which a failed database is not asked again
+        self._generation = 0  # bumped by each forget: a query begun before it must not fill the cache
+
+    def forget_key(self, key_id: uuid.UUID) -> None:
+        """Drop what is cached about one key, so that the next request reads it again (after a revocation)."""
+        self._forget(lambda record: record.principal.key_id == key_id)
+
+    def forget_tenant(self, tenant_id: uuid.UUID) -> None:
+        """Drop what is cached about a tenant's keys (after it was disabled, deleted or its limits changed)."""
+        self._forget(lambda record: record.principal.tenant_id == tenant_id)
 
     async def authenticate(self, authorization: str | None, scope: str) -> Principal:
         """The Principal of the key in `authorization` (the header's value) if it may use `scope`.
@@ -253,23 +268,39 @@ class Authenticator:
 
     async def _lookup(self, key_hash: bytes, prefix: str) -> _KeyRecord | None:
         entry = self._cache.get(key_hash)
-        if entry is not None and time.monotonic() - entry.fetched_at < self._cache_ttl_s:
-            return entry.record
+        now = time.monotonic()
+        if entry is not None:
+            age = now - entry.fetched_at
+            if age < self._cache_ttl_s or (now < self._unreachable_until and age < STALE_IF_ERROR_S):
+                return entry.record
         task = self._loading.get(key_hash)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._load(key_hash, prefix))
             self._loading[key_hash] = task
             task.add_done_callback(partial(self._forget_load, key_hash))
-        # Shielded: a request that goes away (client disconnect) does not cancel the query others await.
-        return await asyncio.shield(task)
+        try:
+            # Shielded: a request that goes away (client disconnect) does not cancel the query others await.
+            return await asyncio.shield(task)
+        except ServiceUnavailableError:
+            if entry is not None and now - entry.fetched_at < STALE_IF_ERROR_S:
+                return entry.record  # the database is away: the last answer stands
+            raise
+
+    def _forget(self, matches: Callable[[_KeyRecord], bool]) -> None:
+        self._generation += 1
+        self._loading.clear()  # requests from now on start a query of their own instead of joining an older one
+        for key_hash in [h for h, entry in self._cache.items() if entry.record is not None and matches(entry.record)]:
+            del self._cache[key_hash]
 
     def _forget_load(self, key_hash: bytes, task: asyncio.Task[_KeyRecord | None]) -> None:
-        self._loading.pop(key_hash, None)
+        if self._loading.get(key_hash) is task:  # after a forget, a newer query may hold the slot
+            del self._loading[key_hash]
         if not task.cancelled():
             task.exception()  # marks it retrieved: every waiter may have gone away
 
     async def _load(self, key_hash: bytes, prefix: str) -> _KeyRecord | None:
         fetched_at = time.monotonic()
+        generation = self._generation
         statement = (
             select(
                 ApiKey.id,
@@ -297,7 +328,9 @@ class Authenticator:
             async with self._database.engine.connect() as connection:
                 rows = (await connection.execute(statement)).all()
         except (SQLAlchemyError, OSError) as error:
-            logger.warning("could not look up API key %s: %s", prefix, error)
+            if time.monotonic() >= self._unreachable_until:  # one warning a second, not one per request
+                logger.warning("could not look up API key %s (cached keys keep working): %s", prefix, error)
+            self._unreachable_until = time.monotonic() + OUTAGE_RETRY_S
             raise ServiceUnavailableError(
                 "The API key could not be checked because the database is unavailable; retry in a few seconds."
             ) from error
@@ -324,17 +357,19 @@ class Authenticator:
                     expires_at=row.expires_at,
                     revoked_at=row.revoked_at,
                 )
-        self._remember(key_hash, _CacheEntry(record, fetched_at))
+        if generation == self._generation:
+            self._remember(key_hash, _CacheEntry(record, fetched_at))
         return record
 
     def _remember(self, key_hash: bytes, entry: _CacheEntry) -> None:
         self._cache.pop(key_hash, None)
         self._cache[key_hash] = entry
         now = time.monotonic()
-        # Entries sit in fill order, so stale ones gather at the front: drop them, and the oldest beyond the bound.
+        # Entries sit in fill order, so old ones gather at the front: drop those no outage would use, and the
+        # oldest beyond the bound.
         while self._cache:
             oldest = next(iter(self._cache.values()))
-            if len(self._cache) <= self._max_cache_entries and now - oldest.fetched_at < self._cache_ttl_s:
+            if len(self._cache) <= self._max_cache_entries and now - oldest.fetched_at < STALE_IF_ERROR_S:
                 break
             self._cache.popitem(last=False)
 

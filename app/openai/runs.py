@@ -4,7 +4,8 @@
 when the request finishes, fails, or its client goes away (``cancelled``, counting what was
 generated), feeds the Prometheus counters and latency histograms, and settles the run's admission
 (its token reservation becomes the tokens used, its concurrency slots are freed). A request the engine
-failed on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id.
+failed on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id;
+one the engine ended because the server is stopping, as a 503 that says to retry (billed as cancelled).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prometheus_client import Histogram
 
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
-from app.errors import InternalError
+from app.errors import InternalError, ServiceUnavailableError
 from app.keys.authenticator import Principal
 from app.limits.limiter import Admission
 from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
@@ -30,6 +31,8 @@ from app.usage.writer import UsageWriter
 from engine import RequestFailedError, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
+
+ENDED_BY_SERVER = "abort"  # the engine's finish reason for requests it ended itself (it is stopping)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,12 @@ async def metered_outputs(
                 _observe_latency(meter, output, ttft, inter_token, start)
                 meter.last = output
                 yield output
+        if meter.last is not None and meter.last.finish_reason == ENDED_BY_SERVER:
+            status = "cancelled"
+            raise ServiceUnavailableError(
+                f"The server is shutting down, so this response was cut short after {len(meter.last.token_ids)} "
+                "tokens; retry the request."
+            )
         status = "ok"
     except RequestFailedError:  # the engine logged what went wrong; the client gets no internals
         raise InternalError(
