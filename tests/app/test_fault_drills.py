@@ -82,7 +82,8 @@ async def test_an_engine_fault_fails_its_request_with_a_500_and_the_others_finis
     answers = [r.json()["choices"][0] for r in (ok_first, ok_second, after)]
     assert answers[0] == answers[1] == answers[2], "greedy: the fault next to them changed nothing"
     events = sse_events(ok_stream.text)
-    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == answers[0]["finish_reason"]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == answers[0]["finish_reason"]
     assert rows[request_id].status == "error" and rows[request_id].completion_tokens == 0
     statuses = [rows[r.headers["x-request-id"]].status for r in (ok_first, ok_second, ok_stream, after)]
     assert statuses == ["ok"] * 4
