@@ -26,22 +26,28 @@ class ClientDisconnectedError(ApiError):
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it if the client disconnects first (the request body must be read)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    """Await ``work`` in this task, cancelling it if the client disconnects first (the request body must be read).
+
+    One watcher task per request, and ``work`` runs inline: no second task and no ``asyncio.wait`` on the path
+    of every completion.
+    """
+    current = asyncio.current_task()
+    assert current is not None, "cancel_on_disconnect runs inside a task"
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, current))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled()):
+            raise  # cancelled for another reason: the server is stopping
+        current.uncancel()
+        raise ClientDisconnectedError("The client closed the connection before the answer was ready.") from None
     finally:
-        if not task.done():
-            task.cancel()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-    if task.cancelled():
-        raise ClientDisconnectedError("The client closed the connection before the answer was ready.")
-    return task.result()
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    task.cancel()

@@ -6,8 +6,9 @@ Engine gauges are read from the engine at scrape time.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from app.latency_histogram import LatencyHistogram
 from engine import EngineStats
 
 BASE_ADAPTER_LABEL = "base"  # the adapter label of requests on the base model
@@ -34,14 +35,14 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "loraplex_completion_tokens", "Generated tokens of finished requests.", labels, registry=self.registry
         )
-        self.ttft = Histogram(
+        self.ttft = LatencyHistogram(
             "loraplex_time_to_first_token_seconds",
             "From arrival to the first generated token.",
             labels,
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
-        self.inter_token = Histogram(
+        self.inter_token = LatencyHistogram(
             "loraplex_inter_token_latency_seconds",
             "Between two consecutive streamed outputs.",
             labels,

@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from prometheus_client import Histogram
-
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
 from app.errors import InternalError, ServiceUnavailableError
 from app.keys.authenticator import Principal
+from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission
 from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.usage.records import UsageRecord
@@ -105,7 +104,7 @@ async def metered_outputs(
 
 
 def _observe_latency(
-    meter: Meter, output: RequestOutput, ttft: Histogram, inter_token: Histogram, start: float
+    meter: Meter, output: RequestOutput, ttft: HistogramSeries, inter_token: HistogramSeries, start: float
 ) -> None:
     if not output.delta_token_ids:
         return

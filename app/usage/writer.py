@@ -110,9 +110,10 @@ class UsageWriter:
         backoff_s = INITIAL_BACKOFF_S
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                while not (await self._write_pending())[1]:
-                    await asyncio.sleep(backoff_s)
-                    backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+                while self._pending:
+                    if not (await self._write_pending())[1]:
+                        await asyncio.sleep(backoff_s)
+                        backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
         if self._pending:
             self._spill()
 
@@ -130,11 +131,16 @@ class UsageWriter:
             await self._write_pending()
 
     async def _write_pending(self) -> tuple[int, bool]:
-        """Write pending records batch by batch: (how many were written, whether the database took them all)."""
+        """Write the records pending now, batch by batch: (how many were written, whether the database took them).
+
+        Records that arrive meanwhile wait for the next pass: under load, a pass that chased them would go
+        on inserting a record or two at a time, a transaction each, on the request path's event loop.
+        """
         num_written = 0
         async with self._lock:
-            while self._pending:
-                batch = list(itertools.islice(self._pending, self._max_batch))
+            num_left = len(self._pending)
+            while num_left:
+                batch = list(itertools.islice(self._pending, min(self._max_batch, num_left)))
                 try:
                     async with asyncio.timeout(WRITE_TIMEOUT_S):
                         num_written += await self._insert(batch)
@@ -143,6 +149,7 @@ class UsageWriter:
                     self._num_written += num_written
                     return num_written, False
                 self._settle(len(batch))
+                num_left -= len(batch)
             self._num_written += num_written
             if self._outage_since is not None:
                 outage_s = time.monotonic() - self._outage_since
