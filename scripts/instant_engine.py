@@ -37,6 +37,7 @@ class InstantEngine:
         self.num_tokens = num_tokens
         self.model_name = model_name
         self.max_model_len = MAX_MODEL_LEN
+        self.max_prompt_chars = MAX_MODEL_LEN * CHARS_PER_TOKEN
         self._started = False
         self._adapters: set[str] = set()
         self._num_requests = 0
