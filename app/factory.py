@@ -6,6 +6,7 @@ from pathlib import Path
 
 from litestar import Litestar
 from litestar.exceptions import HTTPException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
@@ -17,6 +18,7 @@ from app.openai.controller import OPENAI_ROUTES
 from app.openapi_examples import add_response_examples
 from app.ops import OPS_ROUTES
 from app.request_context import RequestIdMiddleware
+from app.request_size import request_too_large_handler
 from app.settings import Settings
 from app.web import api_error_handler, http_error_handler, internal_error_handler
 
@@ -33,8 +35,10 @@ def create_app(
         route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],
+        request_max_body_size=settings.max_request_bytes,  # the adapter upload sets its own, counted as bytes arrive
         exception_handlers={
             ApiError: api_error_handler,
+            RequestEntityTooLarge: request_too_large_handler,
             HTTPException: http_error_handler,
             Exception: internal_error_handler,
         },

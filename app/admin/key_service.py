@@ -2,7 +2,8 @@
 
 Rotation issues a new key with the same tenant, name, scopes and limits (and no expiry) and lets the old
 key work for a grace period: its expiry becomes the earlier of the one it had and now + the grace. Revoking,
-rotating or changing a key's limits is seen by every gateway within a second (the authenticator's cache).
+rotating or changing a key's limits is seen by this process from the next request (the service makes its
+authenticator forget the key once committed) and by every other gateway within a second (their caches).
 A key's limits narrow its tenant's; null leaves only the tenant's.
 """
 
@@ -23,7 +24,7 @@ from app.admin.tenant_service import LIMIT_FIELDS, audit_view, refuse_if_deleted
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.errors import ConflictError, NotFoundError
-from app.keys.authenticator import Principal
+from app.keys.authenticator import Authenticator, Principal
 from app.keys.secrets import hash_api_key, key_prefix
 from app.keys.service import create_api_key, revoke_api_key
 
@@ -80,9 +81,10 @@ async def store_api_key(
 class KeyService:
     """The keys side of the admin API; every change commits with its audit row."""
 
-    def __init__(self, database: Database, key_secret: bytes) -> None:
+    def __init__(self, database: Database, key_secret: bytes, authenticator: Authenticator) -> None:
         self.database = database
         self.key_secret = key_secret
+        self.authenticator = authenticator
 
     async def create(self, actor: Principal, tenant_id: uuid.UUID, body: KeyCreate) -> KeyCreated:
         async with self.database.sessions() as session, session.begin():
@@ -130,6 +132,7 @@ class KeyService:
             await _set_limits(session, key, changes)
             after = key_out(key)
             record_change(session, actor, "key.update", API_KEY, key.id, audit_view(before), audit_view(after))
+        self.authenticator.forget_key(key.id)
         logger.info("changed the limits of API key %s (%s): %s", key.id, key.prefix, ", ".join(sorted(changes)))
         return after
 
@@ -142,7 +145,8 @@ class KeyService:
             before = key_out(key)
             after = key_out(await revoke_api_key(session, key.id))
             record_change(session, actor, "key.revoke", API_KEY, key.id, audit_view(before), audit_view(after))
-            return after
+        self.authenticator.forget_key(key.id)
+        return after
 
     async def rotate(self, actor: Principal, key_id: uuid.UUID, body: KeyRotate) -> KeyCreated:
         """Issue the key's successor; the old key works until now + the grace period (or its earlier expiry)."""
@@ -166,6 +170,7 @@ class KeyService:
             await session.flush()
             after = audit_view(key_out(old)) | {"replaced_by": audit_view(key_out(new))}
             record_change(session, actor, "key.rotate", API_KEY, old.id, audit_view(before), after)
+        self.authenticator.forget_key(old.id)  # its new expiry (now + the grace) holds from the next request
         logger.info("rotated API key %s (%s) to %s (%s)", old.id, old.prefix, new.id, new.prefix)
         return key_created(new, plaintext)
 

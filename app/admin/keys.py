@@ -19,7 +19,7 @@ KeyId = Annotated[uuid.UUID, Parameter(description="The key's id (not its prefix
 
 def _keys(request: Request) -> KeyService:
     gateway = gateway_of(request)
-    return KeyService(gateway.database, gateway.key_secret)
+    return KeyService(gateway.database, gateway.key_secret, gateway.authenticator)
 
 
 @post(

@@ -6,6 +6,10 @@ engine; requests already running finish first. A deleted tenant cannot be change
 name stays taken for good, so usage reports and the audit log never show two tenants under one name;
 choose a new name for a new tenant.
 
+Every change to a tenant makes this process's authenticator forget the tenant's keys once it is
+committed, so a disabled or deleted tenant's keys are refused from the very next request (other
+processes see it within their one-second cache).
+
 A caller cannot disable or delete its own tenant: that would revoke the key it is using and could leave
 nobody able to administer the server.
 """
@@ -29,7 +33,7 @@ from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, Tenan
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
 from app.errors import ConflictError, NotFoundError
-from app.keys.authenticator import Principal
+from app.keys.authenticator import Authenticator, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +98,13 @@ async def add_tenant(session: AsyncSession, actor: Principal | None, body: Tenan
 class TenantService:
     """The tenants side of the admin API; every change commits with its audit row."""
 
-    def __init__(self, database: Database, resolver: ModelResolver, adapters: AdapterService) -> None:
+    def __init__(
+        self, database: Database, resolver: ModelResolver, adapters: AdapterService, authenticator: Authenticator
+    ) -> None:
         self.database = database
         self.resolver = resolver
         self.adapters = adapters
+        self.authenticator = authenticator
 
     async def create(self, actor: Principal, body: TenantCreate) -> TenantOut:
         async with self.database.sessions() as session, session.begin():
@@ -140,6 +147,7 @@ class TenantService:
                 raise _name_taken(changes["name"]) from error
             after = tenant_out(tenant)
             record_change(session, actor, "tenant.update", TENANT, tenant.id, audit_view(before), audit_view(after))
+        self.authenticator.forget_tenant(tenant.id)
         logger.info("updated tenant %s (%s): %s", tenant.name, tenant.id, ", ".join(sorted(changes)))
         return after
 
@@ -184,6 +192,7 @@ class TenantService:
                     "deleted_adapter_ids": sorted(str(adapter.id) for adapter in adapters),
                 },
             )
+        self.authenticator.forget_tenant(tenant.id)
         logger.info(
             "deleted tenant %s (%s): %d keys revoked, %d adapters deleted",
             tenant.name,

@@ -36,7 +36,7 @@ def admin_of(request: Request) -> Principal:
 
 def _tenants(request: Request) -> TenantService:
     gateway = gateway_of(request)
-    return TenantService(gateway.database, gateway.resolver, gateway.adapters)
+    return TenantService(gateway.database, gateway.resolver, gateway.adapters, gateway.authenticator)
 
 
 TenantId = Annotated[uuid.UUID, Parameter(description="The tenant's id, as its creation returned it.")]

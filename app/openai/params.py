@@ -1,12 +1,16 @@
 """From an OpenAI request body to what the engine takes: prompt token ids and sampling params.
 
 Every check here answers 400 with the parameter's name and what to send instead.
+
+Tokenizing runs on the event loop at about a microsecond a character, so a prompt is measured before it
+is tokenized: a text longer than ``engine.max_prompt_chars``, or more messages than the context has
+tokens (each takes at least one), cannot fit and is refused at once with ``context_length_exceeded``.
 """
 
 from __future__ import annotations
 
 from app.engine_client import EngineClient
-from app.errors import BadRequestError
+from app.errors import BadRequestError, ServiceUnavailableError
 from app.openai.schemas import MAX_STOP_SEQUENCES, ChatCompletionRequest, CompletionRequest
 from engine import RequestError, SamplingParams
 
@@ -21,7 +25,16 @@ class ContextLengthError(BadRequestError):
 def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
     if not body.messages:
         raise BadRequestError("`messages` must hold at least one message.", param="messages")
+    _refuse_before_loaded(engine)
+    if len(body.messages) > engine.max_model_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {engine.max_model_len} tokens, and each message takes at least "
+            f"one, so {len(body.messages)} messages cannot fit. Please send fewer messages.",
+            param="messages",
+        )
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    # Stripped: a chat template may trim what surrounds a message's content.
+    _refuse_text_beyond_context(sum(len(m["content"].strip()) for m in messages), engine, "messages")
     return engine.encode_chat(messages)
 
 
@@ -36,6 +49,8 @@ def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list
             )
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _refuse_before_loaded(engine)
+        _refuse_text_beyond_context(len(prompt), engine, "prompt")
         ids = engine.encode_prompt(prompt) if prompt else []
     elif isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
         ids = list(prompt)
@@ -46,6 +61,21 @@ def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list
     if not ids:
         raise BadRequestError("`prompt` is empty; send at least one token.", param="prompt")
     return ids
+
+
+def _refuse_before_loaded(engine: EngineClient) -> None:
+    if not engine.is_ready():
+        raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
+
+
+def _refuse_text_beyond_context(num_chars: int, engine: EngineClient, param: str) -> None:
+    if num_chars > engine.max_prompt_chars:
+        raise ContextLengthError(
+            f"This model's maximum context length is {engine.max_model_len} tokens, and no text of more than "
+            f"{engine.max_prompt_chars} characters fits in it; your {param} holds {num_chars} characters. Please "
+            f"reduce the length of the {param}.",
+            param=param,
+        )
 
 
 def sampling_params(
