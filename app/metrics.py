@@ -49,6 +49,18 @@ class GatewayMetrics:
             buckets=ITL_BUCKETS,
             registry=self.registry,
         )
+        self.errors = Counter(
+            "loraplex_error_responses",
+            "Requests answered with an error, by HTTP status and OpenAI error code (refused keys, oversized "
+            "bodies, rate limits and server errors; a request that reached the engine also counts in requests).",
+            ("status", "code"),
+            registry=self.registry,
+        )
+        self.usage_pending = Gauge(
+            "loraplex_usage_records_pending",
+            "Usage records waiting to be written to PostgreSQL; grows while the database is away.",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("loraplex_queue_depth", "Sequences waiting for admission.", registry=self.registry)
         self.running = Gauge("loraplex_running_sequences", "Sequences in the running batch.", registry=self.registry)
         self.pool_pages = Gauge(
@@ -58,8 +70,9 @@ class GatewayMetrics:
             "loraplex_resident_adapters", "Adapters whose weights are in the pool.", registry=self.registry
         )
 
-    def render(self, stats: EngineStats | None) -> bytes:
+    def render(self, stats: EngineStats | None, usage_pending: int) -> bytes:
         """The exposition text, with the engine gauges set from ``stats`` (None: engine not started)."""
+        self.usage_pending.set(usage_pending)
         if stats is not None:
             self.queue_depth.set(stats.num_waiting)
             self.running.set(stats.num_running)

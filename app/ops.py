@@ -73,7 +73,8 @@ async def ready(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     gateway = gateway_of(request)
     stats = await gateway.engine.stats() if gateway.engine.is_ready() else None
-    return Response(content=gateway.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    content = gateway.metrics.render(stats, gateway.writer.num_pending)
+    return Response(content=content, media_type=CONTENT_TYPE_LATEST)
 
 
 OPS_ROUTES = [health, ready, metrics]

@@ -56,7 +56,15 @@ def json_response(body: Any, status_code: int = 200, headers: dict[str, str] | N
     return Response(content=msgspec.json.encode(body), media_type=JSON, status_code=status_code, headers=headers)
 
 
+def count_error(request: Request, status: int, code: str | None) -> None:
+    """Count an error answer in /metrics (refused keys, oversized bodies and rate limits show up nowhere else)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        gateway.metrics.errors.labels(str(status), code or "none").inc()
+
+
 def api_error_handler(request: Request, error: ApiError) -> Response:
+    count_error(request, error.status, error.code)
     return json_response(error.body(), error.status, error.response_headers())
 
 
@@ -77,6 +85,7 @@ def http_error_handler(request: Request, error: HTTPException) -> Response:
         elif "missing required field" in text:
             message = f"Missing required parameter: `{param}`."
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+    count_error(request, error.status_code, None)
     return json_response(body, error.status_code)
 
 
@@ -84,4 +93,5 @@ def internal_error_handler(request: Request, error: Exception) -> Response:
     """Anything unexpected: logged with its traceback, answered without it."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
     message = f"The server had an error while processing your request (request id {request_id_of(request)})."
+    count_error(request, InternalError.status, InternalError.code)
     return json_response(InternalError(message).body(), InternalError.status)

@@ -116,6 +116,7 @@ def test_metrics_health_and_ready(server, default_engine) -> None:
         ready = http.get("/ready")
         assert ready.status_code == 200 and ready.json()["checks"] == {"model": True, "database": True}
         assert http.post("/v1/chat/completions", json=chat_body(default_engine.model_name), headers=acme.headers)
+        assert http.get("/v1/models", headers={"Authorization": "Bearer lpx_wrongkey_" + "x" * 43}).status_code == 401
         metrics = http.get("/metrics")
     assert metrics.status_code == 200
     text = metrics.text
@@ -124,6 +125,8 @@ def test_metrics_health_and_ready(server, default_engine) -> None:
     assert "loraplex_completion_tokens_total" in text and "loraplex_queue_depth" in text
     assert 'loraplex_pool_pages{owner="free"}' in text
     assert "loraplex_resident_adapters" in text
+    assert 'loraplex_error_responses_total{code="invalid_api_key",status="401"} 1.0' in text
+    assert "loraplex_usage_records_pending " in text
 
 
 def test_client_that_hangs_up_before_a_non_streamed_answer_is_billed_as_cancelled(
