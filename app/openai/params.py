@@ -2,12 +2,16 @@
 
 Every check here answers 400 with the parameter's name and what to send instead.
 
-Tokenizing runs on the event loop at about a microsecond a character, so a prompt is measured before it
-is tokenized: a text longer than ``engine.max_prompt_chars``, or more messages than the context has
-tokens (each takes at least one), cannot fit and is refused at once with ``context_length_exceeded``.
+Tokenizing takes about a microsecond a character, so a prompt is measured before it is tokenized: a
+text longer than ``engine.max_prompt_chars``, or more messages than the context has tokens (each takes
+at least one), cannot fit and is refused at once with ``context_length_exceeded``. A long text that
+may fit is tokenized in a worker thread, so that it never stalls the event loop (and every stream on it).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 
 from app.engine_client import EngineClient
 from app.errors import BadRequestError, ServiceUnavailableError
@@ -16,13 +20,14 @@ from engine import RequestError, SamplingParams
 
 MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
 MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
+OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
 
 
 class ContextLengthError(BadRequestError):
     code = "context_length_exceeded"
 
 
-def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
+async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
     if not body.messages:
         raise BadRequestError("`messages` must hold at least one message.", param="messages")
     _refuse_before_loaded(engine)
@@ -34,11 +39,12 @@ def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[i
         )
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     # Stripped: a chat template may trim what surrounds a message's content.
-    _refuse_text_beyond_context(sum(len(m["content"].strip()) for m in messages), engine, "messages")
-    return engine.encode_chat(messages)
+    num_chars = sum(len(m["content"].strip()) for m in messages)
+    _refuse_text_beyond_context(num_chars, engine, "messages")
+    return await _tokenize(lambda: engine.encode_chat(messages), num_chars)
 
 
-def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list[int]:
+async def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and any(not isinstance(item, int) for item in prompt):
         if len(prompt) != 1:
@@ -51,7 +57,7 @@ def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list
     if isinstance(prompt, str):
         _refuse_before_loaded(engine)
         _refuse_text_beyond_context(len(prompt), engine, "prompt")
-        ids = engine.encode_prompt(prompt) if prompt else []
+        ids = await _tokenize(lambda: engine.encode_prompt(prompt), len(prompt)) if prompt else []
     elif isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
         ids = list(prompt)
     else:
@@ -61,6 +67,10 @@ def completion_prompt_ids(body: CompletionRequest, engine: EngineClient) -> list
     if not ids:
         raise BadRequestError("`prompt` is empty; send at least one token.", param="prompt")
     return ids
+
+
+async def _tokenize(encode: Callable[[], list[int]], num_chars: int) -> list[int]:
+    return encode() if num_chars < OFF_LOOP_CHARS else await asyncio.to_thread(encode)
 
 
 def _refuse_before_loaded(engine: EngineClient) -> None:

@@ -57,7 +57,7 @@ class OpenAIService:
     async def chat(
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
-        prompt_ids = request_params.chat_prompt_ids(body, self.engine)
+        prompt_ids = await request_params.chat_prompt_ids(body, self.engine)
         first, outputs = await self._start(principal, body, prompt_ids, request_id, "chat.completions")
         completion_id, created = f"chatcmpl-{request_id}", int(time.time())
         if body.stream:
@@ -70,7 +70,7 @@ class OpenAIService:
     async def completion(
         self, principal: Principal, body: CompletionRequest, request_id: str
     ) -> Completion | AsyncIterator[bytes]:
-        prompt_ids = request_params.completion_prompt_ids(body, self.engine)
+        prompt_ids = await request_params.completion_prompt_ids(body, self.engine)
         first, outputs = await self._start(principal, body, prompt_ids, request_id, "completions")
         completion_id, created = f"cmpl-{request_id}", int(time.time())
         if body.stream:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 
+from app.openai.params import OFF_LOOP_CHARS
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 
 pytestmark = pytest.mark.anyio
@@ -148,3 +150,24 @@ async def test_requests_reach_the_engine_as_their_tenant_with_its_weight(gateway
         served = stats.tenant_counters[str(acme.tenant_id)]
         assert served > 0
         assert default_engine._weights[str(acme.tenant_id)] == 4.0
+
+
+async def test_a_long_prompt_is_tokenized_off_the_event_loop_and_a_short_one_on_it(
+    gateway_settings, default_engine, monkeypatch
+) -> None:
+    threads: list[str] = []
+    encode_prompt = default_engine.encode_prompt
+
+    def recording(prompt: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return encode_prompt(prompt)
+
+    monkeypatch.setattr(default_engine, "encode_prompt", recording)
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        for prompt in ("One, two,", "one two three " * (OFF_LOOP_CHARS // 14 + 1)):
+            body = {"model": default_engine.model_name, "prompt": prompt, "max_tokens": 1}
+            response = await client.post("/v1/completions", json=body, headers=acme.headers)
+            assert response.status_code == 200, response.text
+    loop_thread = threading.current_thread().name
+    assert threads[0] == loop_thread and threads[1] != loop_thread
