@@ -31,5 +31,7 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero every token outside the smallest set whose probability reaches ``top_p``."""
     sorted_probs, order = probs.sort(descending=True)  # [vocab], [vocab]
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [vocab], mass ranked above each token
-    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    outside = before >= top_p  # [vocab]
+    outside[0] = False  # the likeliest token always stays, even when top_p is below fp32's least value (rounds to 0)
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter_(0, order, sorted_probs)  # [vocab]
