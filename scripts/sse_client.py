@@ -1,14 +1,16 @@
 """One streaming OpenAI request over httpx, read to ``data: [DONE]`` and timed, as a load generator sees it.
 
 A request counts as an error, whose ``error_kind`` says why, when: the answer is not a 200 (``http_<status>``),
-an event in the stream is an error body (``error_event``) or not JSON (``bad_event``), the stream ends without
-``data: [DONE]`` (``no_done``), or the connection fails (``connect``, ``timeout``, ``protocol``, ``transport``).
+an event in the stream is an error body (``error_event``), not JSON (``bad_event``) or not UTF-8 (``bad_utf8``),
+the stream ends without ``data: [DONE]`` (``no_done``) or goes on after it (``after_done``), or the connection
+fails (``connect``, ``timeout``, ``protocol``, ``transport``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +62,8 @@ async def stream_request(http: httpx.AsyncClient, path: str, body: dict[str, Any
         _fail(result, "protocol", repr(error))
     except httpx.HTTPError as error:
         _fail(result, "transport", repr(error))
+    except UnicodeDecodeError as error:
+        _fail(result, "bad_utf8", repr(error))
     result.ended_at = time.perf_counter()
     return result
 
@@ -67,7 +71,7 @@ async def stream_request(http: httpx.AsyncClient, path: str, body: dict[str, Any
 async def _read_events(response: httpx.Response, result: StreamResult) -> None:
     last_text_at: float | None = None
     done = False
-    async for line in response.aiter_lines():
+    async for line in _sse_lines(response):
         if not line.startswith(DATA_PREFIX):
             continue  # the blank line that ends each event
         payload = line[len(DATA_PREFIX) :]
@@ -97,6 +101,21 @@ async def _read_events(response: httpx.Response, result: StreamResult) -> None:
             result.num_text_events += 1
     if not done:
         _fail(result, "no_done", "the stream ended without data: [DONE]")
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The body's lines as SSE ends them: at LF (a CR before it dropped).
+
+    Not httpx's ``aiter_lines``: it splits like ``str.splitlines``, also at U+2028, U+2029 and U+0085, which
+    JSON leaves unescaped inside strings, so a token holding one would cut its event in two.
+    """
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode()
+    if pending:
+        yield pending.removesuffix(b"\r").decode()
 
 
 def _text(event: dict[str, Any]) -> str:
