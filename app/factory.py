@@ -15,7 +15,7 @@ from app.engine_client import EngineClient
 from app.errors import ApiError
 from app.gateway import gateway_lifespan
 from app.openai.controller import OPENAI_ROUTES
-from app.openapi_examples import add_response_examples
+from app.openapi_schema import complete_openapi_schema
 from app.ops import OPS_ROUTES
 from app.request_context import RequestIdMiddleware
 from app.request_size import request_too_large_handler
@@ -45,5 +45,5 @@ def create_app(
         openapi_config=OpenAPIConfig(title="loraplex", version="0.1.0"),
         logging_config=None,
     )
-    add_response_examples(app.openapi_schema)
+    complete_openapi_schema(app.openapi_schema)
     return app

@@ -9,6 +9,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.status_codes import HTTP_404_NOT_FOUND, HTTP_405_METHOD_NOT_ALLOWED
 
 from app.errors import ApiError, InternalError
 from app.gateway import Gateway
@@ -31,16 +32,25 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-ERROR_RESPONSES = {
-    400: ResponseSpec(
-        ErrorBody, description="Invalid request: `param` names the field to fix", generate_examples=False
-    ),
-    401: ResponseSpec(ErrorBody, description="Missing, unknown, revoked or expired API key", generate_examples=False),
-    403: ResponseSpec(
-        ErrorBody, description="The key lacks the scope, or its tenant is disabled", generate_examples=False
-    ),
-    404: ResponseSpec(ErrorBody, description="Not found, or not yours", generate_examples=False),
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: `param` names the field to fix",
+    401: "Missing, unknown, revoked or expired API key",
+    403: "The key lacks the scope, or its tenant is disabled",
+    404: "Not found, or not yours",
+    409: "The request contradicts the current state: a name already taken, or a change to a deleted record",
+    413: "The request body is larger than the server's limit",
 }
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """The OpenAPI responses for these error statuses, each with the ErrorBody schema and its usual meaning."""
+    return {
+        status: ResponseSpec(ErrorBody, description=ERROR_DESCRIPTIONS[status], generate_examples=False)
+        for status in statuses
+    }
+
+
+ERROR_RESPONSES = error_responses(400, 401, 403, 404)
 """The error responses every authenticated route documents in the OpenAPI schema."""
 
 
@@ -69,24 +79,26 @@ def api_error_handler(request: Request, error: ApiError) -> Response:
 
 
 def http_error_handler(request: Request, error: HTTPException) -> Response:
-    """Litestar's own errors (unknown path, wrong method, a body that fails validation) in OpenAI's shape."""
+    """Litestar's own errors (unknown path, wrong method, a parameter that fails validation) in OpenAI's shape.
+
+    Their headers stay: a 405 says in ``Allow`` which methods the path takes.
+    """
     message, param = error.detail, None
     problems = error.extra if isinstance(error.extra, list) else []
     if problems and isinstance(problems[0], dict):
-        first = problems[0]
-        param = first.get("key") or None
-        text = str(first.get("message", ""))
-        if "`" in text and ("unknown field" in text or "missing required field" in text):
-            param = text.split("`")[1]  # the field itself, not "data"
+        key = problems[0].get("key")
+        param = str(key) if key else None
+        source = problems[0].get("source") or "body"
         details = "; ".join(str(problem.get("message", problem)) for problem in problems)
-        message = f"Invalid request body: {details}."
-        if "unknown field" in text:
-            message = f"Unsupported parameter: `{param}`. This server does not support it; remove it from the request."
-        elif "missing required field" in text:
-            message = f"Missing required parameter: `{param}`."
+        message = f"Invalid {source} parameter `{param}`: {details}."
+    elif error.status_code == HTTP_404_NOT_FOUND:
+        message = f"No route matches {request.method} {request.url.path}; ids in paths are UUIDs, see /schema."
+    elif error.status_code == HTTP_405_METHOD_NOT_ALLOWED:
+        allowed = (error.headers or {}).get("allow", "")
+        message = f"{request.method} is not allowed on {request.url.path}; it takes {allowed}."
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     count_error(request, error.status_code, None)
-    return json_response(body, error.status_code)
+    return json_response(body, error.status_code, error.headers)
 
 
 def internal_error_handler(request: Request, error: Exception) -> Response:

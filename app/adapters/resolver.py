@@ -68,6 +68,8 @@ class ModelResolver:
     async def resolve(self, tenant_id: uuid.UUID, model: str) -> ResolvedModel:
         if model == self.engine.model_name:
             return ResolvedModel(model)
+        if "\x00" in model:  # no adapter has it in its name, and PostgreSQL refuses to compare text holding it
+            raise ModelNotFoundError(model)
         record = await self._lookup(tenant_id, model)
         if record is None:
             raise ModelNotFoundError(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Annotated
@@ -15,6 +16,7 @@ from litestar.params import PathParameter
 from app.admin.adapter_service import ADAPTER_NAME, AdapterService
 from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
+from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.errors import BadRequestError
 from app.web import ErrorBody, gateway_of
 
@@ -67,6 +69,13 @@ ADMIN_ERRORS = (
 )
 NO_ADAPTER = (404, "No adapter has the id 0b3f6c0e-5d0a-4f1e-9a51-6a3b2f4c8d11.", "not_found")
 
+
+def _any_case(*words: str) -> str:
+    """A JSON Schema pattern matching exactly one of ``words``, in any case (JSON Schema regexes have no flags)."""
+    spelled = ("".join(f"[{c.upper()}{c}]" if c.isalpha() else re.escape(c) for c in word) for word in words)
+    return f"^(?:{'|'.join(spelled)})$"
+
+
 UPLOAD_FORM = Schema(
     type=OpenAPIType.OBJECT,
     required=["name", "adapter_config.json", "adapter_model.safetensors"],
@@ -80,15 +89,19 @@ UPLOAD_FORM = Schema(
         "adapter_config.json": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY),
         "adapter_model.safetensors": Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY),
         "replace": Schema(
-            type=OpenAPIType.BOOLEAN,
-            default=False,
-            description="true replaces the tenant's live adapter of the same name (the old one is deleted).",
+            type=OpenAPIType.STRING,
+            pattern=_any_case(*TRUE_WORDS, *FALSE_WORDS),
+            default="false",
+            description="true (or 1, yes, on; any case) replaces the tenant's live adapter of the same name (the old "
+            "one is deleted); false, 0, no, off or empty do not.",
         ),
     },
+    additional_properties=False,  # another part is a 400 naming it
 )
 PIN_BODY = Schema(
     type=OpenAPIType.OBJECT,
     properties={"pinned": Schema(type=OpenAPIType.BOOLEAN, default=True)},
+    additional_properties=False,
     examples=[{"pinned": True}],
 )
 

@@ -12,7 +12,8 @@ from litestar.params import Body, Parameter
 from app.admin.key_service import KeyService
 from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
 from app.admin.tenants import TenantId, admin_of, admin_only
-from app.web import gateway_of
+from app.json_body import strict_json
+from app.web import error_responses, gateway_of
 
 KeyId = Annotated[uuid.UUID, Parameter(description="The key's id (not its prefix), as listings show it.")]
 
@@ -30,6 +31,8 @@ def _keys(request: Request) -> KeyService:
     "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default) and `admin` (this API). "
     "Limits set on the key narrow the tenant's for this key; the tenant's still hold across all its keys.",
     tags=["admin"],
+    before_request=strict_json(KeyCreate),
+    responses=error_responses(400, 401, 403, 404, 409, 413),
 )
 async def create_key(
     request: Request,
@@ -60,6 +63,7 @@ async def create_key(
     summary="List a tenant's API keys",
     description="The tenant's keys, revoked ones included, oldest first: prefixes only, never a secret.",
     tags=["admin"],
+    responses=error_responses(401, 403, 404),
 )
 async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
     return await _keys(request).list_keys(tenant_id)
@@ -72,6 +76,8 @@ async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
     description="Changes the limits given and keeps the others; a limit set to null leaves only the tenant's. "
     "Changes hold within a second. A revoked key cannot be changed (409).",
     tags=["admin"],
+    before_request=strict_json(KeyUpdate),
+    responses=error_responses(400, 401, 403, 404, 409, 413),
 )
 async def update_key(
     request: Request,
@@ -97,6 +103,7 @@ async def update_key(
     summary="Revoke an API key",
     description="The key is refused within a second. Revoking a revoked key changes nothing.",
     tags=["admin"],
+    responses=error_responses(401, 403, 404),
 )
 async def revoke_key(request: Request, key_id: KeyId) -> KeyOut:
     return await _keys(request).revoke(admin_of(request), key_id)
@@ -110,6 +117,8 @@ async def revoke_key(request: Request, key_id: KeyId) -> KeyOut:
     "keeps working for `grace_period_s` seconds (default 3600, at most 30 days), or until its own earlier expiry. "
     "A revoked key cannot be rotated (409).",
     tags=["admin"],
+    before_request=strict_json(KeyRotate),
+    responses=error_responses(400, 401, 403, 404, 409, 413),
 )
 async def rotate_key(
     request: Request,

@@ -33,7 +33,15 @@ TenantName = Annotated[
         description="Unique name: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.",
     ),
 ]
-KeyName = Annotated[str, Meta(min_length=1, max_length=128, description="A label for people, e.g. 'ci' or 'backend'.")]
+KeyName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00]*$",  # PostgreSQL text cannot hold NUL
+        description="A label for people, e.g. 'ci' or 'backend'.",
+    ),
+]
 RateLimit = Annotated[int, Meta(ge=0, le=MAX_INT32, description="A whole number from 0; null is unlimited.")]
 TokenBudget = Annotated[int, Meta(ge=0, le=MAX_INT64, description="Tokens a month, from 0; null is unlimited.")]
 FairShareWeight = Annotated[
@@ -43,6 +51,16 @@ FairShareWeight = Annotated[
         le=MAX_FAIR_SHARE_WEIGHT,
         description="The tenant's share of the engine when tenants compete for it, relative to the others' "
         "(default 1; 2 gets twice the tokens of a tenant of weight 1).",
+    ),
+]
+# msgspec also reads a time without an offset, which the key service refuses (400 naming it); the schema says so.
+ExpiresAt = Annotated[
+    datetime,
+    Meta(
+        extra_json_schema={
+            "format": "date-time",
+            "description": "In the future, with its offset: 2030-01-01T00:00:00Z.",
+        }
     ),
 ]
 KeyScope = Literal["inference", "admin"]
@@ -99,7 +117,7 @@ class KeyCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     name: KeyName
     scopes: Annotated[list[KeyScope], Meta(min_length=1)] = msgspec.field(default_factory=lambda: ["inference"])
-    expires_at: datetime | None = None
+    expires_at: ExpiresAt | None = None
     rpm_limit: RateLimit | None = None
     tpm_limit: RateLimit | None = None
     max_concurrent: RateLimit | None = None

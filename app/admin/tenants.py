@@ -18,8 +18,9 @@ from litestar.params import Body, Parameter
 from app.admin.guards import require_admin
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.admin.tenant_service import TenantService
+from app.json_body import strict_json
 from app.keys.authenticator import Principal
-from app.web import gateway_of
+from app.web import error_responses, gateway_of
 
 ADMIN_STATE = "admin"  # where admin_only leaves the caller, in the request's state
 
@@ -49,6 +50,8 @@ TenantId = Annotated[uuid.UUID, Parameter(description="The tenant's id, as its c
     description="Creates an active tenant. Limits left out or null are unlimited. A name already used, also by a "
     "deleted tenant, is a 409.",
     tags=["admin"],
+    before_request=strict_json(TenantCreate),
+    responses=error_responses(400, 401, 403, 409, 413),
 )
 async def create_tenant(
     request: Request,
@@ -75,6 +78,7 @@ async def create_tenant(
     summary="List tenants",
     description="Every tenant, ordered by name; deleted tenants only with `include_deleted=true`.",
     tags=["admin"],
+    responses=error_responses(400, 401, 403),
 )
 async def list_tenants(
     request: Request,
@@ -89,6 +93,7 @@ async def list_tenants(
     summary="Get a tenant",
     description="One tenant, deleted or not; 404 for an unknown id.",
     tags=["admin"],
+    responses=error_responses(401, 403, 404),
 )
 async def get_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
     return await _tenants(request).get(tenant_id)
@@ -103,6 +108,8 @@ async def get_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
     "`status: disabled` refuses the tenant's keys within a second, `active` accepts them again. "
     "A deleted tenant cannot be changed (409).",
     tags=["admin"],
+    before_request=strict_json(TenantUpdate),
+    responses=error_responses(400, 401, 403, 404, 409, 413),
 )
 async def update_tenant(
     request: Request,
@@ -130,6 +137,7 @@ async def update_tenant(
     description="Marks the tenant deleted (its row and usage stay for billing), revokes its keys and deletes its "
     "adapters; requests already running finish. Its name stays taken. Deleting it again changes nothing.",
     tags=["admin"],
+    responses=error_responses(401, 403, 404, 409),
 )
 async def delete_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
     return await _tenants(request).delete(admin_of(request), tenant_id)

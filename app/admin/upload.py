@@ -227,7 +227,7 @@ def _boundary(content_type: str | None) -> str:
 
 
 def _flag(value: str) -> bool:
-    word = value.strip().lower()
+    word = value.lower()
     if word in TRUE_WORDS:
         return True
     if word in FALSE_WORDS:

@@ -95,7 +95,7 @@ def _respond(report: UsageReport, query: UsageQuery) -> Response:
         return json_response(report)
     return Response(
         content=usage_csv(report),
-        media_type="text/csv; charset=utf-8",
+        media_type="text/csv",  # Litestar adds "; charset=utf-8" to text types
         headers={"Content-Disposition": f'attachment; filename="{usage_filename(query)}"'},
     )
 

@@ -88,7 +88,9 @@ class UsageQuery:
 
         ``end`` defaults to today (UTC) and ``start`` to DEFAULT_DAYS days up to ``end``.
         """
-        requested_format = params.get("format") or UsageFormat.JSON
+        requested_format = params.get("format")
+        if requested_format is None:
+            requested_format = UsageFormat.JSON
         try:
             output_format = UsageFormat(requested_format)
         except ValueError:
@@ -162,7 +164,7 @@ def usage_filename(query: UsageQuery) -> str:
 
 def _date(params: Mapping[str, str | None], name: str) -> date | None:
     value = params.get(name)
-    if not value:
+    if value is None:
         return None
     try:
         if DATE_PATTERN.fullmatch(value) is None:
@@ -174,7 +176,7 @@ def _date(params: Mapping[str, str | None], name: str) -> date | None:
 
 def _uuid(params: Mapping[str, str | None], name: str) -> uuid.UUID | None:
     value = params.get(name)
-    if not value:
+    if value is None:
         return None
     try:
         return uuid.UUID(value)

@@ -18,10 +18,11 @@ from litestar.response import Stream
 
 from app.disconnect import cancel_on_disconnect
 from app.errors import ApiError
+from app.json_body import strict_json
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
 from app.openai.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
-from app.web import ERROR_RESPONSES, ErrorBody, gateway_of, request_id_of
+from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, request_id_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DESCRIPTION = (
@@ -40,12 +41,22 @@ CHAT_EXAMPLE = Example(
     },
 )
 OPENAI_ERROR_RESPONSES = {
-    **ERROR_RESPONSES,
+    **error_responses(400, 401, 403, 404, 413),
     429: ResponseSpec(
         ErrorBody,
         description="A limit of the tenant or key: `rate_limit_exceeded` (type `requests` or `tokens`; `Retry-After` "
         "says when to retry, none when the request alone is over the limit) or `insufficient_quota` (the monthly "
         "token budget)",
+        generate_examples=False,
+    ),
+    500: ResponseSpec(
+        ErrorBody,
+        description="The engine failed on this request alone; the message names its request id",
+        generate_examples=False,
+    ),
+    503: ResponseSpec(
+        ErrorBody,
+        description="The model is still loading, or the engine has stopped: retry later",
         generate_examples=False,
     ),
 }
@@ -62,6 +73,7 @@ COMPLETION_EXAMPLE = Example(
     summary="Create a chat completion",
     description="OpenAI's chat completions, with the model's chat template. " + SSE_DESCRIPTION,
     tags=["openai"],
+    before_request=strict_json(ChatCompletionRequest),
     responses={
         200: ResponseSpec(ChatCompletion, description="The completion (or an SSE stream)"),
         **OPENAI_ERROR_RESPONSES,
@@ -81,6 +93,7 @@ async def chat_completions(
     summary="Create a completion",
     description="OpenAI's legacy completions; `prompt` is a string or a list of token ids. " + SSE_DESCRIPTION,
     tags=["openai"],
+    before_request=strict_json(CompletionRequest),
     responses={
         200: ResponseSpec(Completion, description="The completion (or an SSE stream)"),
         **OPENAI_ERROR_RESPONSES,

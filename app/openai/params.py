@@ -15,11 +15,9 @@ from collections.abc import Callable
 
 from app.engine_client import EngineClient
 from app.errors import BadRequestError, ServiceUnavailableError
-from app.openai.schemas import MAX_STOP_SEQUENCES, ChatCompletionRequest, CompletionRequest
+from app.openai.schemas import MAX_SEED, MAX_STOP_SEQUENCES, MAX_TOKEN_ID, ChatCompletionRequest, CompletionRequest
 from engine import RequestError, SamplingParams
 
-MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
-MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
 OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
 
 
@@ -114,6 +112,10 @@ def sampling_params(
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > MAX_STOP_SEQUENCES:
         raise BadRequestError(f"`stop` takes at most {MAX_STOP_SEQUENCES} sequences.", param="stop")
+    if not all(stop):
+        raise BadRequestError(
+            "`stop` sequences must not be empty; leave out `stop` to stop only at the end.", param="stop"
+        )
     if body.seed is not None and not -MAX_SEED <= body.seed <= MAX_SEED:
         raise BadRequestError("`seed` must fit in a signed 64-bit integer.", param="seed")
     for name, value, low, high in (("temperature", body.temperature, 0.0, 2.0), ("top_p", body.top_p, 0.0, 1.0)):

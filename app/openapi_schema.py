@@ -1,0 +1,116 @@
+"""The OpenAPI schema as served: what Litestar derives from the routes, completed with what it cannot derive.
+
+- Request bodies: Litestar's schema of a msgspec Struct leaves out part of what msgspec enforces: that unknown
+  fields are refused (``additionalProperties: false``), constraints on a member of a union (``rpm_limit``: an
+  integer from 0, or null) and constraints that are zero. The bodies are decoded by msgspec, strictly
+  (app/json_body.py), so msgspec's own JSON Schema of them is the exact contract: it replaces Litestar's
+  components of the same names, keeping their examples.
+- Second media types of one answer (a response spec has one): the SSE stream of the completion routes, each
+  event's data a chunk as JSON, an error, or ``[DONE]``; and the CSV of the usage report.
+- Litestar's own errors: it documents them (a 400 on any route with parameters) in its own shape, which the
+  app never sends: app/web.py answers them in OpenAI's, so the schema says ErrorBody.
+- Examples of the response bodies (app/openapi_examples.py).
+
+What is added here is plain JSON Schema (dicts), which the served schema renders as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
+
+from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
+from app.openai.schemas import (
+    PROMPT_SCHEMA,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+)
+from app.openapi_examples import add_response_examples
+from app.web import ERROR_DESCRIPTIONS, JSON
+
+REQUEST_BODIES = (ChatCompletionRequest, CompletionRequest, TenantCreate, TenantUpdate, KeyCreate, KeyUpdate, KeyRotate)
+"""Every Struct a route decodes as its JSON body."""
+
+PROPERTY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {("CompletionRequest", "prompt"): PROMPT_SCHEMA}
+"""Fields whose accepted values no msgspec type states (its unions take one list type): the stated schema."""
+
+EVENT_STREAMS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions": Completion}
+"""The routes that answer ``text/event-stream`` with ``stream: true``, and the type of their chunks."""
+
+CSV_ROUTE = "/admin/usage"
+
+COMPONENT_REF = "#/components/schemas/{name}"
+
+
+def complete_openapi_schema(schema: OpenAPI) -> None:
+    """Describe the request bodies as msgspec decodes them, add the event streams and the CSV, give examples."""
+    components = schema.components.schemas if schema.components and schema.components.schemas is not None else {}
+    describe_request_bodies(components)
+    describe_event_streams(schema, components)
+    describe_framework_errors(schema)
+    _ok(schema, CSV_ROUTE, "get")["text/csv"] = {"schema": {"type": "string", "description": "The rows as CSV."}}
+    add_response_examples(schema)
+
+
+def describe_request_bodies(components: dict[str, Any]) -> None:
+    _, definitions = msgspec.json.schema_components(REQUEST_BODIES, ref_template=COMPONENT_REF)
+    for (name, field), field_schema in PROPERTY_SCHEMAS.items():
+        definitions[name]["properties"][field] = field_schema
+    for name, definition in definitions.items():
+        examples = getattr(components.get(name), "examples", None)
+        components[name] = definition | ({"examples": examples} if examples else {})
+
+
+def describe_event_streams(schema: OpenAPI, components: dict[str, Any]) -> None:
+    _, definitions = msgspec.json.schema_components(EVENT_STREAMS.values(), ref_template=COMPONENT_REF)
+    for name, definition in definitions.items():
+        components.setdefault(name, definition)  # Litestar's own stays where a response already has it
+    for path, chunk in EVENT_STREAMS.items():
+        _ok(schema, path, "post")["text/event-stream"] = {"schema": _event(chunk.__name__)}
+
+
+def describe_framework_errors(schema: OpenAPI) -> None:
+    error_body = OpenAPIMediaType(schema=Reference(ref=COMPONENT_REF.format(name="ErrorBody")))
+    for path_item in (schema.paths or {}).values():
+        for method in ("get", "post", "patch", "delete"):
+            operation = getattr(path_item, method)
+            for status, response in (operation.responses or {}).items() if operation else ():
+                if isinstance(response, OpenAPIResponse) and _is_litestar_error(response):
+                    response.content = {JSON: error_body}
+                    response.description = ERROR_DESCRIPTIONS.get(int(status), response.description)
+
+
+def _is_litestar_error(response: OpenAPIResponse) -> bool:
+    """Litestar's shape of an error: ``{"status_code", "detail", "extra"}``."""
+    media_type = (response.content or {}).get(JSON)
+    return (
+        isinstance(media_type, OpenAPIMediaType)
+        and isinstance(media_type.schema, Schema)
+        and (media_type.schema.required == ["detail", "status_code"])
+    )
+
+
+def _event(chunk_name: str) -> dict[str, Any]:
+    """One server-sent event (OpenAPI 3.1 describes an event stream by one event)."""
+    chunk = {"$ref": COMPONENT_REF.format(name=chunk_name)}
+    error = {"$ref": COMPONENT_REF.format(name="ErrorBody")}
+    as_json = {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": [chunk, error]}}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, as_json]}},
+        "description": f"`data:` a {chunk_name} as JSON; an error body if the run fails midway; `[DONE]` last.",
+    }
+
+
+def _ok(schema: OpenAPI, path: str, method: str) -> dict[str, Any]:
+    """The content map of the 200 answer of ``method path``."""
+    operation = getattr(schema.paths[path], method) if schema.paths else None
+    if operation is None or operation.responses is None:
+        raise LookupError(f"the OpenAPI schema has no {method.upper()} {path}")
+    response = operation.responses["200"]
+    return response.content  # type: ignore[union-attr,return-value]  # a 200 with a body always has content
