@@ -68,6 +68,7 @@ ADMIN_ERRORS = (
     (403, "This key lacks the `admin` scope.", "insufficient_permissions"),
 )
 NO_ADAPTER = (404, "No adapter has the id 0b3f6c0e-5d0a-4f1e-9a51-6a3b2f4c8d11.", "not_found")
+TOO_LARGE = (413, "The request body is larger than the limit of 4096 KiB ...", "request_too_large")
 
 
 def _any_case(*words: str) -> str:
@@ -259,6 +260,7 @@ async def unload_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
         (400, "Invalid body: Expected `bool`, got `str` - at `$.pinned`.", None),
         *ADMIN_ERRORS,
         NO_ADAPTER,
+        TOO_LARGE,
     ),
 )
 async def pin_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
