@@ -16,7 +16,7 @@ from app.admin.keys import KEY_ROUTES
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.gateway import run_gateway
-from app.keys.secrets import generate_api_key, hash_api_key
+from app.keys.secrets import PREFIX_LENGTH, generate_api_key, hash_api_key
 from tests.app.gateway_fixtures import gateway_client, make_tenant
 from tests.app.test_admin_tenants import NO_SUCH_ID, assert_error, audit_rows, call, make_admin, wait_for_status
 
@@ -43,7 +43,8 @@ def bearer(key: str) -> dict[str, str]:
 
 
 def secret_part(plaintext: str) -> str:
-    return plaintext.rsplit("_", 1)[1]
+    """The part after ``lpx_<id>_`` (it may hold `_` itself, so not a split on the last one)."""
+    return plaintext[PREFIX_LENGTH + 1 :]
 
 
 async def test_created_key_works_and_is_shown_once(gateway_settings, default_engine) -> None:
