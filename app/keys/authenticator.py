@@ -34,8 +34,16 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
-from app.errors import AuthenticationError, PermissionDeniedError, ServiceUnavailableError
-from app.keys.secrets import KEY_TAG, hash_api_key, key_prefix
+from app.errors import ServiceUnavailableError
+from app.keys.auth_errors import (
+    ExpiredApiKeyError,
+    IncorrectApiKeyError,
+    MissingScopeError,
+    RevokedApiKeyError,
+    TenantDisabledError,
+    bearer_token,
+)
+from app.keys.secrets import hash_api_key, key_prefix
 from app.keys.service import Scope
 from app.limits.limits import NO_LIMITS, Limits
 
@@ -46,77 +54,7 @@ LAST_USED_FLUSH_S = 30.0  # last_used_at is for people reading listings; half a 
 MAX_CACHE_ENTRIES = 100_000  # a few tens of MB at most, whatever number of distinct (wrong) keys clients send
 STALE_IF_ERROR_S = 3600.0  # through a database outage, keys checked within the last hour keep working
 OUTAGE_RETRY_S = 1.0  # after a failed lookup, stale answers are served without asking the database again this long
-MAX_ECHOED_SCHEME_CHARS = 20  # a longer "scheme" is more likely a pasted secret than a scheme name
 MASK_TAIL_CHARS = 4  # characters of a wrong key echoed back, as OpenAI does, so the user can tell which key
-
-
-class MissingApiKeyError(AuthenticationError):
-    """The request carries no Authorization header, or one with no key in it."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "You didn't provide an API key. You need to provide your API key in an Authorization header using "
-            f"Bearer auth (i.e. Authorization: Bearer YOUR_KEY). loraplex keys start with `{KEY_TAG}_`."
-        )
-
-
-class MalformedAuthorizationError(AuthenticationError):
-    """The Authorization header uses a scheme other than Bearer."""
-
-    def __init__(self, scheme: str) -> None:
-        if scheme.startswith(f"{KEY_TAG}_"):  # the bare key: say so without echoing any of it
-            problem = "holds the key without the Bearer scheme"
-        elif scheme.isalpha() and len(scheme) <= MAX_ECHOED_SCHEME_CHARS:
-            problem = f"uses the `{scheme}` scheme"
-        else:
-            problem = "does not start with `Bearer `"
-        super().__init__(f"The Authorization header {problem}; send `Authorization: Bearer YOUR_KEY`.")
-
-
-class IncorrectApiKeyError(AuthenticationError):
-    """A well-formed key that matches no stored key."""
-
-    def __init__(self, masked_key: str) -> None:
-        super().__init__(
-            f"Incorrect API key provided: {masked_key}. Check that you copied the whole key, or ask your "
-            "administrator for a new one."
-        )
-
-
-class RevokedApiKeyError(AuthenticationError):
-    """The key was revoked by an administrator."""
-
-    def __init__(self, prefix: str, revoked_at: datetime) -> None:
-        super().__init__(
-            f"The API key {prefix} was revoked at {_utc(revoked_at)}; ask your administrator for a new key."
-        )
-
-
-class ExpiredApiKeyError(AuthenticationError):
-    """The key's expiry time has passed."""
-
-    def __init__(self, prefix: str, expires_at: datetime) -> None:
-        super().__init__(f"The API key {prefix} expired at {_utc(expires_at)}; ask your administrator for a new key.")
-
-
-class TenantDisabledError(PermissionDeniedError):
-    """The key is valid but its tenant is disabled."""
-
-    def __init__(self, tenant_name: str) -> None:
-        super().__init__(
-            f"The tenant `{tenant_name}` is disabled, so its API keys cannot be used; ask your administrator to "
-            "enable it again."
-        )
-
-
-class MissingScopeError(PermissionDeniedError):
-    """The key is valid but lacks the scope the endpoint needs."""
-
-    def __init__(self, prefix: str, scope: str) -> None:
-        super().__init__(
-            f"The API key {prefix} lacks the `{scope}` scope that this endpoint needs; use a key created with "
-            f"the `{scope}` scope."
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +138,7 @@ class Authenticator:
         """
         if scope not in Scope.VALID:
             raise ValueError(f"unknown scope {scope!r}; expected one of {sorted(Scope.VALID)}")
-        plaintext = _bearer_token(authorization)
+        plaintext = bearer_token(authorization)
         prefix = key_prefix(plaintext)
         record = await self._lookup(hash_api_key(self._key_secret, plaintext), prefix)
         if record is None:
@@ -378,20 +316,3 @@ def _limits(rpm: int | None, tpm: int | None, max_concurrent: int | None, monthl
     if rpm is None and tpm is None and max_concurrent is None and monthly_tokens is None:
         return NO_LIMITS  # the common case: one shared object
     return Limits(rpm, tpm, max_concurrent, monthly_tokens)
-
-
-def _bearer_token(authorization: str | None) -> str:
-    """The key from an Authorization header's value; raises when there is none or the scheme is not Bearer."""
-    if authorization is None or not authorization.strip():
-        raise MissingApiKeyError()
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        raise MalformedAuthorizationError(scheme)
-    token = token.strip()
-    if not token:
-        raise MissingApiKeyError()
-    return token
-
-
-def _utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

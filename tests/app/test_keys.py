@@ -18,17 +18,16 @@ from sqlalchemy import event, text, update
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.errors import ApiError, AuthenticationError, BadRequestError, NotFoundError, PermissionDeniedError
-from app.keys.authenticator import (
-    Authenticator,
+from app.keys.auth_errors import (
     ExpiredApiKeyError,
     IncorrectApiKeyError,
     MalformedAuthorizationError,
     MissingApiKeyError,
     MissingScopeError,
-    Principal,
     RevokedApiKeyError,
     TenantDisabledError,
 )
+from app.keys.authenticator import Authenticator, Principal
 from app.keys.secrets import (
     MalformedApiKeyError,
     generate_api_key,

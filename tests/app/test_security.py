@@ -34,7 +34,8 @@ from app.admin.routes import ADMIN_ROUTES
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, AuditLog, Tenant
 from app.factory import create_app
-from app.keys.authenticator import CACHE_TTL_S, Authenticator, TenantDisabledError
+from app.keys.auth_errors import TenantDisabledError
+from app.keys.authenticator import CACHE_TTL_S, Authenticator
 from app.keys.secrets import KEY_PATTERN, PREFIX_LENGTH, generate_api_key
 from app.keys.service import Scope
 from app.settings import Settings

@@ -1,0 +1,99 @@
+"""The errors a Bearer key can get, each saying what was wrong and what to do, and how a key is read from its header.
+
+None of them echoes a secret: a wrong key is shown as its prefix and last characters, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from app.errors import AuthenticationError, PermissionDeniedError
+from app.keys.secrets import KEY_TAG
+
+MAX_ECHOED_SCHEME_CHARS = 20  # a longer "scheme" is more likely a pasted secret than a scheme name
+
+
+class MissingApiKeyError(AuthenticationError):
+    """The request carries no Authorization header, or one with no key in it."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using "
+            f"Bearer auth (i.e. Authorization: Bearer YOUR_KEY). loraplex keys start with `{KEY_TAG}_`."
+        )
+
+
+class MalformedAuthorizationError(AuthenticationError):
+    """The Authorization header uses a scheme other than Bearer."""
+
+    def __init__(self, scheme: str) -> None:
+        if scheme.startswith(f"{KEY_TAG}_"):  # the bare key: say so without echoing any of it
+            problem = "holds the key without the Bearer scheme"
+        elif scheme.isalpha() and len(scheme) <= MAX_ECHOED_SCHEME_CHARS:
+            problem = f"uses the `{scheme}` scheme"
+        else:
+            problem = "does not start with `Bearer `"
+        super().__init__(f"The Authorization header {problem}; send `Authorization: Bearer YOUR_KEY`.")
+
+
+class IncorrectApiKeyError(AuthenticationError):
+    """A well-formed key that matches no stored key."""
+
+    def __init__(self, masked_key: str) -> None:
+        super().__init__(
+            f"Incorrect API key provided: {masked_key}. Check that you copied the whole key, or ask your "
+            "administrator for a new one."
+        )
+
+
+class RevokedApiKeyError(AuthenticationError):
+    """The key was revoked by an administrator."""
+
+    def __init__(self, prefix: str, revoked_at: datetime) -> None:
+        super().__init__(
+            f"The API key {prefix} was revoked at {_utc(revoked_at)}; ask your administrator for a new key."
+        )
+
+
+class ExpiredApiKeyError(AuthenticationError):
+    """The key's expiry time has passed."""
+
+    def __init__(self, prefix: str, expires_at: datetime) -> None:
+        super().__init__(f"The API key {prefix} expired at {_utc(expires_at)}; ask your administrator for a new key.")
+
+
+class TenantDisabledError(PermissionDeniedError):
+    """The key is valid but its tenant is disabled."""
+
+    def __init__(self, tenant_name: str) -> None:
+        super().__init__(
+            f"The tenant `{tenant_name}` is disabled, so its API keys cannot be used; ask your administrator to "
+            "enable it again."
+        )
+
+
+class MissingScopeError(PermissionDeniedError):
+    """The key is valid but lacks the scope the endpoint needs."""
+
+    def __init__(self, prefix: str, scope: str) -> None:
+        super().__init__(
+            f"The API key {prefix} lacks the `{scope}` scope that this endpoint needs; use a key created with "
+            f"the `{scope}` scope."
+        )
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The key from an Authorization header's value; raises when there is none or the scheme is not Bearer."""
+    if authorization is None or not authorization.strip():
+        raise MissingApiKeyError()
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise MalformedAuthorizationError(scheme)
+    token = token.strip()
+    if not token:
+        raise MissingApiKeyError()
+    return token
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
