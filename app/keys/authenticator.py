@@ -220,8 +220,9 @@ class Authenticator:
             # Shielded: a request that goes away (client disconnect) does not cancel the query others await.
             return await asyncio.shield(task)
         except ServiceUnavailableError:
-            if entry is not None and now - entry.fetched_at < STALE_IF_ERROR_S:
-                return entry.record  # the database is away: the last answer stands
+            # The database is away: the last answer stands, unless a change made here since dropped it.
+            if entry is not None and self._cache.get(key_hash) is entry and now - entry.fetched_at < STALE_IF_ERROR_S:
+                return entry.record
             raise
 
     def _forget(self, matches: Callable[[_KeyRecord], bool]) -> None:

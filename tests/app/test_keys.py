@@ -17,7 +17,14 @@ from sqlalchemy import event, text, update
 
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
-from app.errors import ApiError, AuthenticationError, BadRequestError, NotFoundError, PermissionDeniedError
+from app.errors import (
+    ApiError,
+    AuthenticationError,
+    BadRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
 from app.keys.auth_errors import (
     ExpiredApiKeyError,
     IncorrectApiKeyError,
@@ -27,7 +34,7 @@ from app.keys.auth_errors import (
     RevokedApiKeyError,
     TenantDisabledError,
 )
-from app.keys.authenticator import Authenticator, Principal
+from app.keys.authenticator import OUTAGE_RETRY_S, Authenticator, Principal
 from app.keys.secrets import (
     MalformedApiKeyError,
     generate_api_key,
@@ -446,3 +453,47 @@ async def test_a_later_use_recorded_elsewhere_is_never_overwritten_by_an_older_o
     await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
     await authenticator.flush_last_used()
     assert await last_used_at(database, key.id) == later
+
+
+UNREACHABLE_URL = "postgresql://postgres@/loraplex?host=/nonexistent-socket-dir"
+
+
+class SwitchableDatabase:
+    """A Database whose engine can be swapped for one that never connects: an outage, on demand."""
+
+    def __init__(self, database: Database) -> None:
+        self.working = database
+        self.unreachable = Database(UNREACHABLE_URL)
+        self.engine = database.engine
+
+    def go_down(self) -> None:
+        self.engine = self.unreachable.engine
+
+    def come_back(self) -> None:
+        self.engine = self.working.engine
+
+
+async def test_through_an_outage_cached_keys_keep_working_and_forgotten_or_unseen_keys_get_503(
+    database: Database, tenant_id: uuid.UUID
+) -> None:
+    switchable = SwitchableDatabase(database)
+    authenticator = Authenticator(switchable, KEY_SECRET, cache_ttl_s=0.05)  # type: ignore[arg-type]
+    (_, cached), (revoked_row, forgotten), (_, unseen) = [await make_key(database, tenant_id) for _ in range(3)]
+    try:
+        for plaintext in (cached, forgotten):
+            await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+        authenticator.forget_key(revoked_row.id)  # what a revocation made on this replica does
+        await asyncio.sleep(0.1)  # both entries are past their TTL
+        switchable.go_down()
+        for _ in range(3):  # the first attempt fails over to the cache, the next ones do not even ask
+            assert (await authenticator.authenticate(bearer(cached), Scope.INFERENCE)).tenant_id == tenant_id
+        for plaintext in (forgotten, unseen):
+            with pytest.raises(ServiceUnavailableError, match="database is unavailable"):
+                await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+        switchable.come_back()
+        await asyncio.sleep(OUTAGE_RETRY_S + 0.05)
+        with counting_queries(database) as statements:
+            await authenticator.authenticate(bearer(unseen), Scope.INFERENCE)
+        assert len(statements) == 1, "once the database is back, keys are looked up again"
+    finally:
+        await switchable.unreachable.close()
