@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -21,6 +22,11 @@ def async_url(url: str) -> str:
         if url.startswith(scheme):
             return "postgresql+asyncpg://" + url[len(scheme) :]
     raise ValueError(f"not a PostgreSQL URL: {url!r}; expected postgresql://user:password@host/database")
+
+
+def driver_url(url: str) -> str:
+    """The URL as asyncpg itself reads it (``postgresql://``), from any form ``async_url`` accepts."""
+    return "postgresql://" + async_url(url)[len("postgresql+asyncpg://") :]
 
 
 class Database:
@@ -42,6 +48,10 @@ class Database:
             logger.warning("database ping failed: %s", error)
             return False
         return True
+
+    async def connect_driver(self) -> asyncpg.Connection:
+        """A connection of asyncpg's own, outside the pool, for a task that keeps one open (the usage writer)."""
+        return await asyncpg.connect(driver_url(self.url), timeout=CONNECT_TIMEOUT_S)
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -19,9 +19,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import msgspec
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import DBAPIError
 
 from app.db.database import Database
 from app.db.tables import UsageEvent
@@ -29,22 +28,26 @@ from app.usage.records import UsageRecord
 
 logger = logging.getLogger(__name__)
 
-# One statement for every batch, rows passed as parameters: SQLAlchemy compiles it once. Building
-# `insert().values(rows)` per batch recompiled it each time, ~10 ms of event-loop CPU per 40 rows.
-_INSERT_USAGE = insert(UsageEvent).on_conflict_do_nothing(index_elements=["request_id"])
+_COLUMNS = UsageRecord.__struct_fields__  # the record's fields are the table's columns, in this order
+# One prepared statement, each row bound to it by asyncpg's executemany: atomic, one round trip a batch,
+# on a connection the writer keeps. Through SQLAlchemy's pool (checkout, pre-ping, BEGIN, the insert,
+# COMMIT) a batch of 40 rows took 3.0 ms of the event loop's CPU; this takes 0.8 ms.
+INSERT_USAGE_SQL = (
+    f"INSERT INTO {UsageEvent.__tablename__} ({', '.join(_COLUMNS)}) "
+    f"VALUES ({', '.join(f'${number}' for number in range(1, len(_COLUMNS) + 1))}) "
+    "ON CONFLICT (request_id) DO NOTHING"
+)
 
 INITIAL_BACKOFF_S = 0.2
 MAX_BACKOFF_S = 5.0
 WRITE_TIMEOUT_S = 10.0  # one batch attempt; a database that hangs is treated like one that is down
-MAX_BIND_PARAMS = 32767  # PostgreSQL's wire protocol counts a statement's parameters in 16 bits
-NUM_COLUMNS = len(UsageRecord.__struct_fields__)
+CLOSE_TIMEOUT_S = 2.0
 REJECTED_SQLSTATE_CLASSES = ("22", "23")  # data exception, integrity constraint violation
 
 
 def _rejected_by_database(error: Exception) -> bool:
     """True when the database refused the rows themselves, so sending them again cannot succeed."""
-    sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
-    return isinstance(error, DBAPIError) and str(sqlstate)[:2] in REJECTED_SQLSTATE_CLASSES
+    return isinstance(error, asyncpg.PostgresError) and str(error.sqlstate)[:2] in REJECTED_SQLSTATE_CLASSES
 
 
 class UsageWriter:
@@ -58,8 +61,8 @@ class UsageWriter:
         flush_interval_s: float = 0.2,
         max_batch: int = 500,
     ) -> None:
-        if not 1 <= max_batch * NUM_COLUMNS <= MAX_BIND_PARAMS:
-            raise ValueError(f"max_batch must be between 1 and {MAX_BIND_PARAMS // NUM_COLUMNS}, got {max_batch}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._database = database
         self._spill_path = spill_path
         self._flush_interval_s = flush_interval_s
@@ -68,6 +71,7 @@ class UsageWriter:
         self._num_written = 0
         self._num_from_spill = 0  # re-queued spill records still pending (they lead the queue)
         self._outage_since: float | None = None
+        self._connection: asyncpg.Connection | None = None  # opened on the first write, again after a failure
         self._lock = asyncio.Lock()  # one writing pass at a time: the background task's or a flush()
         self._wakeup = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,6 +120,7 @@ class UsageWriter:
                         backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
         if self._pending:
             self._spill()
+        await self._close_connection()
 
     async def _run(self) -> None:
         backoff_s = INITIAL_BACKOFF_S
@@ -144,7 +149,11 @@ class UsageWriter:
                 try:
                     async with asyncio.timeout(WRITE_TIMEOUT_S):
                         num_written += await self._insert(batch)
+                except asyncio.CancelledError:
+                    self._drop_connection()  # a write cut short leaves it in an unknown state
+                    raise
                 except Exception as error:  # the database is away (or worse): keep everything, retry later
+                    self._drop_connection()
                     self._note_outage(error)
                     self._num_written += num_written
                     return num_written, False
@@ -160,27 +169,42 @@ class UsageWriter:
     async def _insert(self, batch: list[UsageRecord]) -> int:
         """Insert a batch in one statement; if the database refuses it, insert row by row and drop the refused."""
         try:
-            await self._execute([rec.to_row() for rec in batch])
+            await self._execute([msgspec.structs.astuple(rec) for rec in batch])
             return len(batch)
-        except DBAPIError as error:
+        except asyncpg.PostgresError as error:
             if not _rejected_by_database(error):
                 raise
             logger.warning("the database refused a batch of %d usage records; retrying them one by one", len(batch))
         num_inserted = 0
         for rec in batch:
             try:
-                await self._execute([rec.to_row()])
-            except DBAPIError as error:
+                await self._execute([msgspec.structs.astuple(rec)])
+            except asyncpg.PostgresError as error:
                 if not _rejected_by_database(error):
                     raise
-                logger.error("dropped usage record %s: the database refused it: %s", rec.request_id, error.orig)
+                logger.error("dropped usage record %s: the database refused it: %s", rec.request_id, error)
                 continue
             num_inserted += 1
         return num_inserted
 
-    async def _execute(self, rows: list[dict[str, Any]]) -> None:
-        async with self._database.engine.begin() as connection:
-            await connection.execute(_INSERT_USAGE, rows)
+    async def _execute(self, rows: list[tuple[Any, ...]]) -> None:
+        if self._connection is None or self._connection.is_closed():
+            self._connection = await self._database.connect_driver()
+        await self._connection.executemany(INSERT_USAGE_SQL, rows)
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.terminate()
+            self._connection = None
+
+    async def _close_connection(self) -> None:
+        if self._connection is None:
+            return
+        try:
+            await self._connection.close(timeout=CLOSE_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):  # the database went away
+            self._connection.terminate()
+        self._connection = None
 
     def _settle(self, num_records: int) -> None:
         """Take the first ``num_records`` off the queue; remove the spill file once its records are all in."""
