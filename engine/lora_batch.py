@@ -12,9 +12,8 @@ from engine.adapter_cache import AdapterEntry
 from engine.config import ModelConfig
 from engine.lora_config import projection_shapes
 from kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
-from kernels.sgmv_expand import sgmv_expand
-from kernels.sgmv_shrink import sgmv_shrink
-from kernels.sgmv_torch import SgmvTorchPlan, plan_sgmv_torch
+from kernels.sgmv_fused import sgmv_fused
+from kernels.sgmv_fused_torch import SgmvFusedPlan, plan_sgmv_fused_torch
 
 MODULE_GROUPS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -27,7 +26,7 @@ MODULE_GROUPS: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True, slots=True)
 class LoraGroup:
     meta: SgmvMetadata
-    plan: SgmvTorchPlan | None  # the CPU implementation's plan; None on CUDA
+    plan: SgmvFusedPlan | None  # the CPU implementation's plan; None on CUDA
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +41,7 @@ class LoraStep:
         group = self.groups.get(name)
         if group is None:
             return
-        offset = layer * self.page_elems
-        v = sgmv_shrink(x, storage, group.meta, offset, plan=group.plan)  # [num_tokens, v_width]
-        sgmv_expand(v, storage, group.meta, offset, y, plan=group.plan)
+        sgmv_fused(x, storage, group.meta, layer * self.page_elems, y, plan=group.plan)
 
 
 def build_lora_step(
@@ -76,7 +73,7 @@ def build_lora_step(
         meta = build_sgmv_metadata(
             specs, row_addr, in_dim, [shapes[m][1] for m in modules], device=storage.device
         )
-        plan = plan_sgmv_torch(storage, meta) if storage.device.type == "cpu" else None
+        plan = plan_sgmv_fused_torch(storage, meta) if storage.device.type == "cpu" else None
         groups[name] = LoraGroup(meta, plan)
     return LoraStep(groups, storage.shape[2])
 

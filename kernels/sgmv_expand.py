@@ -120,16 +120,21 @@ def sgmv_expand_triton(
     )
 
 
-def check_expand_inputs(
-    v: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, y: torch.Tensor
-) -> None:
-    """Raise ValueError unless ``v``, ``y`` and the pool fit ``meta`` (the launcher's checks, also run on CPU)."""
+def check_output(y: torch.Tensor, meta: SgmvMetadata) -> None:
+    """Raise ValueError unless ``y`` is the group's contiguous [num_tokens, y_width] output."""
     if y.dtype not in _SUPPORTED_DTYPES:
         raise ValueError(f"y must be float32, bfloat16 or float16, got {y.dtype}")
     if y.dim() != 2 or not y.is_contiguous():
         raise ValueError(f"y must be a contiguous [num_tokens, y_width] tensor, got shape {tuple(y.shape)}")
     if tuple(y.shape) != (meta.num_tokens, meta.y_width):
         raise ValueError(f"y must be [num_tokens={meta.num_tokens}, y_width={meta.y_width}], got {tuple(y.shape)}")
+
+
+def check_expand_inputs(
+    v: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, y: torch.Tensor
+) -> None:
+    """Raise ValueError unless ``v``, ``y`` and the pool fit ``meta`` (the launcher's checks, also run on CPU)."""
+    check_output(y, meta)
     if v.dtype != y.dtype or v.device != y.device:
         raise ValueError(f"v is {v.dtype} on {v.device}, need y's {y.dtype} on {y.device}")
     if v.dim() != 2 or not v.is_contiguous():
