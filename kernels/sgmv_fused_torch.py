@@ -29,10 +29,11 @@ from kernels.lora_metadata import SgmvMetadata
 from kernels.sgmv_torch import MAX_SHORT_LEN, SgmvTorchPlan, plan_sgmv_torch, sgmv_expand_torch, sgmv_shrink_torch
 
 # Past this many adapters among the short segments the dense product's waste (every token times every
-# adapter's columns) costs more than the separate ops' calls. Per layer, SmolLM2-135M's q/k/v group, a
-# decode step of 32 sequences (ranks 8 to 32), fused against separate (medians, a noisy shared host):
-# 2 adapters 0.27 vs 0.36 ms, 7: 0.40 vs 0.51, 10: 0.70 vs 0.74, 13: 1.67 vs 0.79, 21: 1.56 vs 0.97.
-MAX_DENSE_ITEMS = 8
+# adapter's columns) costs more than the separate ops' calls. Per layer, SmolLM2-135M's q/k/v and o
+# groups, a decode step of 32 sequences (ranks 8 to 32), fused against separate (medians, a noisy shared
+# host): 4 adapters 0.51 vs 0.49-0.56 ms and 0.25 vs 0.31-0.38; 6: 0.34 vs 0.34 and 0.19 vs 0.28;
+# 7: 0.78 vs 0.54 and 0.38 vs 0.39; 13: 1.70 vs 0.85 and 0.75 vs 0.57.
+MAX_DENSE_ITEMS = 6
 
 
 @dataclass(frozen=True, slots=True)
