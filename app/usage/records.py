@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -32,7 +32,3 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
         # A naive time would be read as the server's local time and bill the wrong day.
         if self.started_at.tzinfo is None or self.finished_at.tzinfo is None:
             raise ValueError(f"usage record {self.request_id}: started_at and finished_at must be tz-aware (UTC)")
-
-    def to_row(self) -> dict[str, Any]:
-        """The record as ``usage_events`` column values, for an INSERT."""
-        return msgspec.structs.asdict(self)
