@@ -26,7 +26,14 @@ import numpy as np
 import torch
 
 from kernels.lora_metadata import SgmvMetadata
-from kernels.sgmv_torch import MAX_SHORT_LEN, SgmvTorchPlan, plan_sgmv_torch, sgmv_expand_torch, sgmv_shrink_torch
+from kernels.sgmv_torch import (
+    MAX_SHORT_LEN,
+    SgmvTorchPlan,
+    layer_pieces,
+    plan_sgmv_torch,
+    sgmv_expand_torch,
+    sgmv_shrink_torch,
+)
 
 # Past this many adapters among the short segments the dense product's waste (every token times every
 # adapter's columns) costs more than the separate ops' calls. Per layer, SmolLM2-135M's q/k/v and o
@@ -222,17 +229,13 @@ def sgmv_fused_torch(
     """Torch implementation of :func:`kernels.sgmv_fused.sgmv_fused` (same semantics)."""
     if plan is None:
         plan = plan_sgmv_fused_torch(storage, meta)
-    if plan.meta is not meta:
-        raise ValueError("the plan was built for another SgmvMetadata; plan each step's metadata")
+    pool = layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk], a view
     if plan.separate is not None:
         v = sgmv_shrink_torch(x, storage, meta, layer_offset, plan.separate)  # [num_tokens, v_width]
         sgmv_expand_torch(v, storage, meta, layer_offset, y, plan.separate)
         return
-    if layer_offset % plan.chunk or storage.numel() % plan.chunk:
-        raise ValueError(f"layer_offset {layer_offset} is not a multiple of the plan's chunk {plan.chunk}")
     if not plan.num_cols:
         return
-    pool = storage.view(-1)[layer_offset:].view(-1, plan.chunk)  # [(numel - layer_offset) / chunk, chunk]
     buffer = pool.index_select(0, plan.pieces).view(-1)  # [num_pieces * chunk]: A rows, then each module's Bᵀ rows
     a = buffer[: plan.num_cols * meta.in_dim].view(plan.num_cols, meta.in_dim)  # [num_cols, in_dim]
     if plan.dense_tokens is not None or plan.dense_rows is not None:

@@ -44,6 +44,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -265,7 +266,7 @@ def sgmv_shrink_torch(
     """Torch implementation of :func:`kernels.sgmv_shrink.sgmv_shrink` (same semantics)."""
     if plan is None:
         plan = plan_sgmv_torch(storage, meta)
-    rows = _layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk]
+    rows = layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk]
     v = x.new_zeros(meta.num_tokens + 1, meta.v_width)  # [num_tokens + 1, v_width], last row: padding's dump
     v_flat = v.view(-1)  # [(num_tokens + 1) * v_width]
     for batch in plan.shrink:
@@ -291,12 +292,12 @@ def sgmv_expand_torch(
     v_flat = v.reshape(-1)  # [num_tokens * v_width]
     if plan.bags is not None:
         bags = plan.bags
-        table = _layer_pieces(storage, meta, plan, layer_offset, plan.bag_chunk)  # [pieces, bag_chunk]
+        table = layer_pieces(storage, meta, plan, layer_offset, plan.bag_chunk)  # [pieces, bag_chunk]
         weights = v_flat.index_select(0, bags.v_index)  # [num_indices]
         sums = F.embedding_bag(bags.indices, table, bags.offsets, mode="sum", per_sample_weights=weights)
         y.view(-1, plan.bag_chunk).index_add_(0, bags.y_chunks, sums)  # sums: [num_bags, bag_chunk]
     if plan.expand:
-        rows = _layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk]
+        rows = layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk]
         y_pieces = y.view(-1, plan.y_chunk)  # [num_tokens * y_width / y_chunk, y_chunk]
     for batch in plan.expand:
         n, r, num_tokens, out_dim = batch.num_items, batch.rank, batch.num_tokens, batch.out_dim
@@ -306,8 +307,18 @@ def sgmv_expand_torch(
         y_pieces.index_add_(0, batch.y_chunks, out.view(-1, plan.y_chunk))
 
 
-def _layer_pieces(
-    storage: torch.Tensor, meta: SgmvMetadata, plan: SgmvTorchPlan, layer_offset: int, piece: int
+class LayerPlan(Protocol):
+    """A CPU plan for one step's metadata, valid at every layer offset that is a multiple of its chunk."""
+
+    @property
+    def meta(self) -> SgmvMetadata: ...
+
+    @property
+    def chunk(self) -> int: ...
+
+
+def layer_pieces(
+    storage: torch.Tensor, meta: SgmvMetadata, plan: LayerPlan, layer_offset: int, piece: int
 ) -> torch.Tensor:
     """The pool from ``layer_offset`` on, cut into pieces of ``piece`` elements: a view."""
     if plan.meta is not meta:
