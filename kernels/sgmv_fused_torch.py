@@ -84,12 +84,14 @@ def plan_sgmv_fused_torch(storage: torch.Tensor, meta: SgmvMetadata) -> SgmvFuse
     """
     item_of_segment = _items(meta)
     starts = meta.seg_starts_list
-    short_items = {item for s, item in enumerate(item_of_segment) if 0 < starts[s + 1] - starts[s] <= MAX_SHORT_LEN}
-    if len(short_items - {-1}) > MAX_DENSE_ITEMS:
+    short_items = {
+        item for s, item in enumerate(item_of_segment) if item >= 0 and starts[s + 1] - starts[s] <= MAX_SHORT_LEN
+    }
+    if len(short_items) > MAX_DENSE_ITEMS:
         return SgmvFusedPlan(
             meta=meta,
             chunk=1,
-            pieces=torch.zeros(0, dtype=torch.int64),
+            pieces=torch.zeros(0, dtype=torch.int64, device=storage.device),
             num_cols=0,
             module_cols=(),
             b_starts=(),

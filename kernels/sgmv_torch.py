@@ -29,6 +29,10 @@ the host was shared, so figures moved by up to ±30% between runs). SmolLM2's q/
     16 (64, random order)  0.55 + 0.8 ms                          0.7     0.2     0.95   0.75 ms
     64 (64)                0.85 + 0.7 ms                          1.6     0.6     2.3    0.75 ms
 
+Re-run after batching the shrink by rank alone, alternating with the code before it on a noisier day:
+"both" 0.90-0.91 / 0.83-0.88 / 3.2-3.4 ms for the three rows against 0.98-1.00 / 0.68-1.13 / 2.4-3.4
+(this synthetic batch gives each of 64 adapters one token, so both plans are the same there; with the
+engine's real decode steps the change is measured in the shrink's docstring above).
 The base is the 576 -> 960 projection as F.linear (0.65 to 0.7 ms oneDNN-packed, as the engine runs it).
 With 2 threads the 16-adapter layer took 0.55 to 1.0 ms (base 0.5, packed 0.4); the 2-thread runs with
 64 adapters were distorted by the shared host (ops over ~1 MB stalled on OpenMP barriers while another
