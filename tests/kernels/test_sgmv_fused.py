@@ -89,7 +89,10 @@ def test_short_segments_spanned_or_gathered(long_in_the_middle: bool, seed: int)
     """Short segments on both sides of a long one are gathered (the span would be mostly the long one's
     rows); all at one end are read through a view."""
     case = make_case("qkv", [7, 16], "uniform", num_tokens=2 * MAX_SHORT_LEN + 9, dtype=torch.float32, seed=seed)
-    order = sorted(range(len(case.segments)), key=lambda s: case.segments[s][0] > MAX_SHORT_LEN)  # long last
+    # the long segment last, the one without adapter just before it: order[0] reads an adapter
+    order = sorted(
+        range(len(case.segments)), key=lambda s: (case.segments[s][0] > MAX_SHORT_LEN, case.segments[s][1] is None)
+    )
     if long_in_the_middle:
         order = [order[0], order[-1], *order[1:-1]]
     segments = tuple(case.segments[s] for s in order)
