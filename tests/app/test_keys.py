@@ -343,6 +343,26 @@ async def test_a_revocation_takes_effect_within_one_second_even_for_a_cached_key
         await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
 
 
+async def test_a_key_in_steady_use_is_refreshed_in_the_background_without_waiting(
+    database: Database, tenant_id: uuid.UUID
+) -> None:
+    """Past half its TTL an answer is still served at once, while a query in the background replaces it."""
+    key, plaintext = await make_key(database, tenant_id)
+    authenticator = Authenticator(database, KEY_SECRET)  # a 1 s TTL: refreshed from 0.5 s on
+    await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+    async with database.sessions() as session, session.begin():
+        await revoke_api_key(session, key.id)
+    await asyncio.sleep(0.6)
+    with counting_queries(database) as statements:
+        principal = await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+        assert principal.key_id == key.id and statements == []  # the cached answer; the query has not run
+        await asyncio.sleep(0.2)  # the background query runs meanwhile
+        assert len(statements) == 1
+        with pytest.raises(RevokedApiKeyError):  # the refreshed answer, before the first one expired
+            await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+        assert len(statements) == 1
+
+
 async def test_a_disabled_tenant_is_seen_once_the_cache_entry_is_older_than_its_ttl(
     database: Database, tenant_id: uuid.UUID
 ) -> None:
