@@ -6,7 +6,8 @@ an expiry change, a disabled tenant or a changed limit is seen within a second. 
 never waits for that query: the first request that reads an answer past half its lifetime
 (``REFRESH_AFTER_FRACTION``) starts a query in the background and goes on with the cached answer,
 which the query replaces before it expires (at 200 requests/s on one key, the request that found the
-answer expired and waited for PostgreSQL was the slowest of its second). While the database does
+answer expired and waited for PostgreSQL was the slowest of its second); after a failed query, none is
+started for ``OUTAGE_RETRY_S``. While the database does
 not answer, a key checked within the last ``STALE_IF_ERROR_S`` keeps its last answer (a revocation made
 meanwhile is seen once the database is back); a key never seen gets 503. Unknown keys are cached too (as None),
 so a client retrying a wrong key does not query on every request. Expiry is checked against the clock
@@ -215,7 +216,7 @@ class Authenticator:
         if entry is not None:
             age = now - entry.fetched_at
             if age < self._cache_ttl_s:
-                if age >= self._cache_ttl_s * REFRESH_AFTER_FRACTION:
+                if age >= self._cache_ttl_s * REFRESH_AFTER_FRACTION and now >= self._unreachable_until:
                     self._loading_task(key_hash, prefix)  # its answer replaces this one before it expires
                 return entry.record
             if now < self._unreachable_until and age < STALE_IF_ERROR_S:

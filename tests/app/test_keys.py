@@ -517,3 +517,25 @@ async def test_through_an_outage_cached_keys_keep_working_and_forgotten_or_unsee
         assert len(statements) == 1, "once the database is back, keys are looked up again"
     finally:
         await switchable.unreachable.close()
+
+
+async def test_a_failed_background_refresh_keeps_the_cached_answer_and_is_not_retried_at_once(
+    database: Database, tenant_id: uuid.UUID
+) -> None:
+    switchable = SwitchableDatabase(database)
+    authenticator = Authenticator(switchable, KEY_SECRET)  # type: ignore[arg-type]  # refreshed from 0.5 s on
+    key, plaintext = await make_key(database, tenant_id)
+    attempts: list[object] = []
+    event.listen(switchable.unreachable.engine.sync_engine, "do_connect", lambda *args: attempts.append(args))
+    try:
+        await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
+        await asyncio.sleep(0.6)
+        switchable.go_down()
+        for _ in range(5):
+            assert (await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)).key_id == key.id
+            await asyncio.sleep(0.02)  # the background query fails meanwhile
+        assert len(attempts) == 1, "after a failed refresh, the next ones wait OUTAGE_RETRY_S"
+        await asyncio.sleep(0.5)  # past the TTL: the last answer stands through the outage
+        assert (await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)).key_id == key.id
+    finally:
+        await switchable.unreachable.close()
