@@ -12,7 +12,15 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from app.cli_admin import Connection, human_size, json_option, management_group, pass_connection, show, show_list
+from app.cli_management import (
+    Connection,
+    human_size,
+    json_option,
+    management_group,
+    pass_connection,
+    show,
+    show_list,
+)
 
 ADAPTER_COLUMNS = [
     ("ID", "id"),
