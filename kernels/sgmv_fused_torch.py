@@ -20,6 +20,7 @@ count, and a call costs 15 to 50 µs on this 2-core CPU however small: with one 
 a decode step of 32 sequences of SmolLM2-135M took 42 ms more than the base model's 132 ms, almost all of
 it calls; fused, 9 ms more.
 """
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -231,11 +232,11 @@ def sgmv_fused_torch(
     """Torch implementation of :func:`kernels.sgmv_fused.sgmv_fused` (same semantics)."""
     if plan is None:
         plan = plan_sgmv_fused_torch(storage, meta)
-    pool = layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk], a view
-    if plan.separate is not None:
+    if plan.separate is not None:  # the separate ops check their plan (it is planned for the same meta)
         v = sgmv_shrink_torch(x, storage, meta, layer_offset, plan.separate)  # [num_tokens, v_width]
         sgmv_expand_torch(v, storage, meta, layer_offset, y, plan.separate)
         return
+    pool = layer_pieces(storage, meta, plan, layer_offset, plan.chunk)  # [pieces, chunk], a view
     if not plan.num_cols:
         return
     buffer = pool.index_select(0, plan.pieces).view(-1)  # [num_pieces * chunk]: A rows, then each module's Bᵀ rows

@@ -114,6 +114,16 @@ def test_many_adapters_in_short_segments_take_the_separate_ops(seed: int):
     plan = plan_sgmv_fused_torch(case.storage, case.meta)
     assert plan.separate is not None and plan.num_cols == 0
     check_fused(case, seed)
+    other = build_sgmv_metadata(case.segments, case.row_addr, case.meta.in_dim, case.meta.out_dims)
+    with pytest.raises(ValueError, match="another SgmvMetadata"):  # the separate ops check the plan
+        sgmv_fused(
+            case.x,
+            case.storage,
+            case.meta,
+            LAYER * PAGE_SIZE,
+            case.y.clone(),
+            plan_sgmv_fused_torch(case.storage, other),
+        )
 
 
 def test_one_adapter_everywhere_needs_no_mask(seed: int):
