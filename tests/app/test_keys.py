@@ -348,11 +348,11 @@ async def test_a_key_in_steady_use_is_refreshed_in_the_background_without_waitin
 ) -> None:
     """Past half its TTL an answer is still served at once, while a query in the background replaces it."""
     key, plaintext = await make_key(database, tenant_id)
-    authenticator = Authenticator(database, KEY_SECRET)  # a 1 s TTL: refreshed from 0.5 s on
+    authenticator = Authenticator(database, KEY_SECRET, cache_ttl_s=2.0)  # refreshed from 1.5 s on
     await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
     async with database.sessions() as session, session.begin():
         await revoke_api_key(session, key.id)
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(1.6)
     with counting_queries(database) as statements:
         principal = await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
         assert principal.key_id == key.id and statements == []  # the cached answer; the query has not run
@@ -523,19 +523,19 @@ async def test_a_failed_background_refresh_keeps_the_cached_answer_and_is_not_re
     database: Database, tenant_id: uuid.UUID
 ) -> None:
     switchable = SwitchableDatabase(database)
-    authenticator = Authenticator(switchable, KEY_SECRET)  # type: ignore[arg-type]  # refreshed from 0.5 s on
+    authenticator = Authenticator(switchable, KEY_SECRET)  # type: ignore[arg-type]  # refreshed from 0.75 s on
     key, plaintext = await make_key(database, tenant_id)
     attempts: list[object] = []
     event.listen(switchable.unreachable.engine.sync_engine, "do_connect", lambda *args: attempts.append(args))
     try:
         await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.8)
         switchable.go_down()
         for _ in range(5):
             assert (await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)).key_id == key.id
             await asyncio.sleep(0.02)  # the background query fails meanwhile
         assert len(attempts) == 1, "after a failed refresh, the next ones wait OUTAGE_RETRY_S"
-        await asyncio.sleep(0.5)  # past the TTL: the last answer stands through the outage
+        await asyncio.sleep(0.3)  # past the TTL: the last answer stands through the outage
         assert (await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)).key_id == key.id
     finally:
         await switchable.unreachable.close()
