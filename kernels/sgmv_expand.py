@@ -10,7 +10,8 @@ import triton.language as tl
 
 from kernels.lora_metadata import SgmvMetadata, check_sgmv_metadata
 from kernels.sgmv_shrink import check_pool
-from kernels.sgmv_torch import SgmvTorchPlan, sgmv_expand_torch
+from kernels.sgmv_torch import sgmv_expand_torch
+from kernels.sgmv_torch_plan import SgmvTorchPlan
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side (see sgmv_shrink for why a decode
 # token still takes a 16-row tile). A rank up to 16 is one inner step, 64 four. Chosen for register

@@ -27,14 +27,8 @@ import numpy as np
 import torch
 
 from kernels.lora_metadata import SgmvMetadata
-from kernels.sgmv_torch import (
-    MAX_SHORT_LEN,
-    SgmvTorchPlan,
-    layer_pieces,
-    plan_sgmv_torch,
-    sgmv_expand_torch,
-    sgmv_shrink_torch,
-)
+from kernels.sgmv_torch import layer_pieces, sgmv_expand_torch, sgmv_shrink_torch
+from kernels.sgmv_torch_plan import MAX_SHORT_LEN, SgmvTorchPlan, plan_sgmv_torch
 
 # Past this many adapters among the short segments the dense product's waste (every token times every
 # adapter's columns) costs more than the separate ops' calls. Per layer, SmolLM2-135M's q/k/v and o

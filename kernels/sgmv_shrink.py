@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from kernels.lora_metadata import SgmvMetadata, check_sgmv_metadata
-from kernels.sgmv_torch import SgmvTorchPlan, sgmv_shrink_torch
+from kernels.sgmv_torch import sgmv_shrink_torch
+from kernels.sgmv_torch_plan import SgmvTorchPlan
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side, so a decode segment (one token)
 # still takes a 16-row token tile; its padding rows are masked out of the loads, so they cost registers,

@@ -26,7 +26,7 @@ from kernels.linear import LinearWeight, linear
 from kernels.lora_metadata import ModuleRows, build_sgmv_metadata
 from kernels.sgmv_expand import sgmv_expand
 from kernels.sgmv_shrink import sgmv_shrink
-from kernels.sgmv_torch import plan_sgmv_torch
+from kernels.sgmv_torch_plan import plan_sgmv_torch
 
 NUM_LAYERS = 30
 PAGE_SIZE = 16 * 2 * 3 * 64  # block_size 16 x K/V x 3 kv heads x head_dim 64
