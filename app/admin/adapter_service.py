@@ -8,10 +8,8 @@ and only then moved into the store by digest, recorded (row and audit row) and r
 so the owner's keys can use it at once. Any failure leaves nothing behind: the staging folder always goes,
 a stored folder this upload created goes, the transaction rolls back, the engine forgets the adapter.
 
-Deletion: the row becomes ``deleted`` and the resolver forgets and retires it at once, so new requests
-get 404. Requests in flight hold the engine's copy and finish; the copy is removed when idle (one try at
-once, then every ``REMOVE_RETRY_S`` in a background task, for up to ``REMOVE_TIMEOUT_S``), and then the
-stored folder goes, unless a live row (or another deleted adapter still in the engine) uses its digest.
+Deletion: the row becomes ``deleted`` and the resolver forgets it at once, so new requests get 404; the
+engine's copy and the stored files go when no request uses them (app/admin/adapter_removal.py).
 
 Unload of an adapter that requests are using waits up to ``UNLOAD_WAIT_S`` for them, then answers 409
 saying how many requests use it; nothing is aborted.
@@ -20,7 +18,7 @@ Pins: the EngineClient interface reports no per-adapter state, so this service r
 an admin pinned; ``pinned`` is reported only while the adapter is registered in the engine (an adapter
 that leaves the engine, by unload or delete, loses its pin).
 
-This service holds per-process state (pins, removal tasks, the store lock), so there is one per app.
+This service holds per-process state (pins, pending removals, the store lock), so there is one per app.
 """
 
 from __future__ import annotations
@@ -35,11 +33,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.store import adapter_row, move_into_store, remove_stored, uploads_root
+from app.admin.adapter_removal import DELETED, REMOVE_RETRY_S, AdapterRemovals
 from app.admin.audit import record_change
 from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.admin.upload import AdapterUpload, staged_upload
@@ -52,22 +51,18 @@ if TYPE_CHECKING:
     from app.gateway import Gateway
 
 from engine.errors import (
-    AdapterBusyError,
     AdapterError,
     AdapterFormatError,
     AdapterMismatchError,
-    UnknownAdapterError,
     UnsupportedAdapterError,
 )
 
 logger = logging.getLogger(__name__)
 
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-READY, DELETED = "ready", "deleted"
+READY = "ready"
 TENANT_DELETED = "deleted"  # a deleted tenant keeps its row for its usage; its adapters are out of reach
 NAME_TAKEN_INDEX = "adapters_tenant_name_live"
-REMOVE_RETRY_S = 0.1  # how often a deleted adapter's removal from the engine is retried while requests use it
-REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this the engine copy is left (logged)
 UNLOAD_WAIT_S = 5.0  # an unload waits this long for the requests using the adapter before answering 409
 MAX_CONCURRENT_VALIDATIONS = 2  # validation reads the whole adapter into memory; bound how many at once
 MAX_ECHOED_NAME = 80
@@ -109,11 +104,9 @@ class AdapterService:
         self.resolver = gateway.resolver
         self.settings = gateway.settings
         self.unload_wait_s = UNLOAD_WAIT_S
-        self.remove_timeout_s = REMOVE_TIMEOUT_S
         self._pins: set[uuid.UUID] = set()
-        self._held: dict[uuid.UUID, str] = {}  # deleted adapters the engine may still hold → their digest
-        self._tasks: set[asyncio.Task[None]] = set()
         self._store_lock = asyncio.Lock()  # moving into the store and recording, against removing stored folders
+        self.removals = AdapterRemovals(gateway, self._store_lock, on_removed=self._pins.discard)
         self._validations = asyncio.Semaphore(MAX_CONCURRENT_VALIDATIONS)
 
     # Reading -----------------------------------------------------------------------------------------
@@ -255,64 +248,8 @@ class AdapterService:
         return self._out(row)
 
     async def retire(self, adapter_id: uuid.UUID, digest: str) -> None:
-        """Stop new use of an adapter marked deleted; remove it from the engine now if idle, else when it is.
-
-        Its files leave the store too, unless another live adapter has the same digest.
-        """
-        self.resolver.retire(adapter_id)
-        self._held[adapter_id] = digest
-        if await self._try_remove(adapter_id) is None:
-            await self._released(adapter_id)
-            return
-        task = asyncio.create_task(self._remove_when_idle(adapter_id), name=f"remove-adapter-{adapter_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _remove_when_idle(self, adapter_id: uuid.UUID) -> None:
-        try:
-            deadline = time.monotonic() + self.remove_timeout_s
-            while (busy := await self._try_remove(adapter_id)) is not None:
-                if time.monotonic() >= deadline:
-                    logger.warning(
-                        "deleted adapter %s is still in use after %.0f s (%s); it stays in the engine and its "
-                        "files stay in the store",
-                        adapter_id,
-                        self.remove_timeout_s,
-                        busy,
-                    )
-                    return
-                await asyncio.sleep(REMOVE_RETRY_S)
-            await self._released(adapter_id)
-        except Exception:
-            logger.exception("removing deleted adapter %s from the engine failed", adapter_id)
-
-    async def _try_remove(self, adapter_id: uuid.UUID) -> AdapterBusyError | None:
-        """Remove the adapter from the engine now; None when it is gone, the engine's refusal while busy."""
-        name = str(adapter_id)
-        if self.resolver.is_loading(adapter_id):
-            return AdapterBusyError(f"adapter {name!r} is being registered in the engine")
-        if self.engine.has_adapter(name):
-            try:
-                await self.engine.remove_adapter(name)
-            except AdapterBusyError as busy:
-                return busy
-            except UnknownAdapterError:
-                pass  # removed meanwhile: what was asked for
-            logger.info("adapter %s removed from the engine", name)
-        self._pins.discard(adapter_id)
-        return None
-
-    async def _released(self, adapter_id: uuid.UUID) -> None:
-        """The engine no longer holds this deleted adapter: drop its files unless another adapter uses them."""
-        digest = self._held.pop(adapter_id)
-        async with self._store_lock:
-            if digest in self._held.values():
-                return
-            live = select(func.count()).select_from(Adapter).where(Adapter.digest == digest, Adapter.status != DELETED)
-            async with self.database.sessions() as session:
-                if await session.scalar(live):
-                    return
-            await asyncio.to_thread(remove_stored, self.settings.home, digest)
+        """Stop new use of an adapter marked deleted; its engine copy and files go when unused."""
+        await self.removals.retire(adapter_id, digest)
 
     # Engine residency ----------------------------------------------------------------------------------
 
@@ -328,7 +265,7 @@ class AdapterService:
         row = await self._live_row(adapter_id)
         before = self._out(row)
         deadline = time.monotonic() + self.unload_wait_s
-        while (busy := await self._try_remove(row.id)) is not None:
+        while (busy := await self.removals.try_remove(row.id)) is not None:
             if time.monotonic() >= deadline:
                 used_by = re.search(r"used by (\d+)", str(busy))
                 users = f"{used_by[1]} request(s) are" if used_by else "requests are"
@@ -381,14 +318,11 @@ class AdapterService:
 
     async def wait_for_removals(self, timeout_s: float | None = None) -> None:
         """Wait until the engine copies of deleted adapters are removed (or ``timeout_s`` passes)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        await self.removals.wait(timeout_s)
 
     async def close(self) -> None:
         """Stop the background removals (at shutdown); the engine copies they waited for stay."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.removals.close()
 
 
 async def _require_tenant(session: AsyncSession, tenant_id: uuid.UUID) -> None:

@@ -1,0 +1,119 @@
+"""Taking deleted adapters out of the engine, and their files out of the store, once no request uses them.
+
+A deleted adapter is retired in the resolver at once (new requests get 404). Requests in flight hold the
+engine's copy and finish; the copy is removed when idle: one try at once, then every ``REMOVE_RETRY_S``
+in a background task, for up to ``REMOVE_TIMEOUT_S``. Then the stored folder goes, unless a live row (or
+another deleted adapter still in the engine) uses its digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from app.adapters.store import remove_stored
+from app.db.tables import Adapter
+from engine.errors import AdapterBusyError, UnknownAdapterError
+
+if TYPE_CHECKING:
+    from app.gateway import Gateway
+
+logger = logging.getLogger(__name__)
+
+DELETED = "deleted"
+REMOVE_RETRY_S = 0.1  # how often a deleted adapter's removal from the engine is retried while requests use it
+REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this the engine copy is left (logged)
+
+
+class AdapterRemovals:
+    """The deleted adapters the engine may still hold, and the background tasks waiting to remove them."""
+
+    def __init__(
+        self, gateway: Gateway, store_lock: asyncio.Lock, on_removed: Callable[[uuid.UUID], None]
+    ) -> None:
+        self.database = gateway.database
+        self.engine = gateway.engine
+        self.resolver = gateway.resolver
+        self.settings = gateway.settings
+        self.timeout_s = REMOVE_TIMEOUT_S
+        self._store_lock = store_lock  # moving into the store and recording, against removing stored folders
+        self._on_removed = on_removed  # told of every adapter the engine no longer holds
+        self._held: dict[uuid.UUID, str] = {}  # deleted adapters the engine may still hold → their digest
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def retire(self, adapter_id: uuid.UUID, digest: str) -> None:
+        """Stop new use of an adapter marked deleted; remove it from the engine now if idle, else when it is.
+
+        Its files leave the store too, unless another live adapter has the same digest.
+        """
+        self.resolver.retire(adapter_id)
+        self._held[adapter_id] = digest
+        if await self.try_remove(adapter_id) is None:
+            await self._released(adapter_id)
+            return
+        task = asyncio.create_task(self._remove_when_idle(adapter_id), name=f"remove-adapter-{adapter_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def try_remove(self, adapter_id: uuid.UUID) -> AdapterBusyError | None:
+        """Remove the adapter from the engine now; None when it is gone, the engine's refusal while busy."""
+        name = str(adapter_id)
+        if self.resolver.is_loading(adapter_id):
+            return AdapterBusyError(f"adapter {name!r} is being registered in the engine")
+        if self.engine.has_adapter(name):
+            try:
+                await self.engine.remove_adapter(name)
+            except AdapterBusyError as busy:
+                return busy
+            except UnknownAdapterError:
+                pass  # removed meanwhile: what was asked for
+            logger.info("adapter %s removed from the engine", name)
+        self._on_removed(adapter_id)
+        return None
+
+    async def _remove_when_idle(self, adapter_id: uuid.UUID) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while (busy := await self.try_remove(adapter_id)) is not None:
+                if time.monotonic() >= deadline:
+                    logger.warning(
+                        "deleted adapter %s is still in use after %.0f s (%s); it stays in the engine and its "
+                        "files stay in the store",
+                        adapter_id,
+                        self.timeout_s,
+                        busy,
+                    )
+                    return
+                await asyncio.sleep(REMOVE_RETRY_S)
+            await self._released(adapter_id)
+        except Exception:
+            logger.exception("removing deleted adapter %s from the engine failed", adapter_id)
+
+    async def _released(self, adapter_id: uuid.UUID) -> None:
+        """The engine no longer holds this deleted adapter: drop its files unless another adapter uses them."""
+        digest = self._held.pop(adapter_id)
+        async with self._store_lock:
+            if digest in self._held.values():
+                return
+            live = select(func.count()).select_from(Adapter).where(Adapter.digest == digest, Adapter.status != DELETED)
+            async with self.database.sessions() as session:
+                if await session.scalar(live):
+                    return
+            await asyncio.to_thread(remove_stored, self.settings.home, digest)
+
+    async def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until the engine copies of deleted adapters are removed (or ``timeout_s`` passes)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+
+    async def close(self) -> None:
+        """Stop the background removals (at shutdown); the engine copies they waited for stay."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
