@@ -36,8 +36,9 @@ class LlamaModel:
         """Logits of the rows in ``batch.logits_indices``: [num_sampled, vocab] in fp32."""
         x = self.weights.embed[batch.input_ids]  # [num_tokens, hidden]
         kv_rows = kv_row_index(batch.slot_mapping, len(self.weights.layers), pool.block_size)  # [num_tokens]
+        rope = self.rope.tables(batch.positions)  # cos and signed sin: [num_tokens, 1, head_dim] each
         for index, layer in enumerate(self.weights.layers):
-            x = self._layer(x, layer, index, pool, kv_rows, batch)
+            x = self._layer(x, layer, index, pool, kv_rows, rope, batch)
         x = x[batch.logits_indices]  # [num_sampled, hidden]
         x = rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps)
         return linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
@@ -49,6 +50,7 @@ class LlamaModel:
         index: int,
         pool: PagePool,
         kv_rows: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         batch: StepBatch,
     ) -> torch.Tensor:
         cfg = self.config
@@ -58,11 +60,10 @@ class LlamaModel:
         lora = batch.lora
         if lora is not None:
             lora.apply("qkv", h, qkv, index, pool.storage)
-        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
-        q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, head_dim]
-        k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
+        qk, v = qkv.split([self._q_size + self._kv_size, self._kv_size], dim=-1)
+        qk = qk.view(num_tokens, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, heads + kv_heads, D]
+        q, k = self.rope.rotate(qk, *rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)  # q, then k heads
         v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [num_tokens, kv_heads, head_dim]
-        q, k = self.rope(q, k, batch.positions)
         write_kv(pool.storage, index, k, v, kv_rows)
         kv_cache = pool.kv_layer(index)  # [num_pages, 2, block_size, kv_heads, head_dim]
         attn = paged_attention(q.contiguous(), kv_cache, batch.attention, self.scale)  # [num_tokens, heads, D]

@@ -36,24 +36,26 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    """Applies RoPE as Hugging Face's Llama does (rotate-half layout, fp32 angles)."""
+    """Applies RoPE as Hugging Face's Llama does (rotate-half layout, fp32 angles).
+
+    ``rotate_half(x) * sin`` equals ``x`` with its halves swapped times ``sin`` with its first half
+    negated, so the table keeps that signed sin and a rotation is a multiply, a roll and an ``addcmul``.
+    """
 
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device):
         inv_freq, scaling = inverse_frequencies(config)
         positions = torch.arange(max_positions, dtype=torch.int64).float()  # [max_positions]
         freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim // 2]
-        angles = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.cos = (angles.cos() * scaling).to(device=device, dtype=dtype)  # [max_positions, head_dim]
-        self.sin = (angles.sin() * scaling).to(device=device, dtype=dtype)  # [max_positions, head_dim]
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling  # [max_positions, head_dim // 2] each
+        self.cos = torch.cat([cos, cos], dim=-1).to(device=device, dtype=dtype)  # [max_positions, head_dim]
+        self.signed_sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)  # [max_positions, head_dim]
 
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at each token's position, [num_tokens, 1, head_dim] each: once per step."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # [..., head_dim]
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin`` for x [num_tokens, heads, head_dim] (any heads: q and k at once)."""
+        swapped = x.roll(x.shape[-1] // 2, dims=-1)  # [num_tokens, heads, head_dim], halves swapped
+        return torch.addcmul(x * cos, swapped, signed_sin)  # [num_tokens, heads, head_dim]
