@@ -346,7 +346,7 @@ async def test_a_revocation_takes_effect_within_one_second_even_for_a_cached_key
 async def test_a_key_in_steady_use_is_refreshed_in_the_background_without_waiting(
     database: Database, tenant_id: uuid.UUID
 ) -> None:
-    """Past half its TTL an answer is still served at once, while a query in the background replaces it."""
+    """Past three quarters of its TTL an answer is still served at once, while a query in the background replaces it."""
     key, plaintext = await make_key(database, tenant_id)
     authenticator = Authenticator(database, KEY_SECRET, cache_ttl_s=2.0)  # refreshed from 1.5 s on
     await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
