@@ -57,6 +57,14 @@ class EngineClient(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of token ids as the model's tokenizer writes it (special tokens kept), for ``echo``."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes one token adds to a text (may be part of a character), for logprobs."""
+        ...
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -66,7 +74,10 @@ class EngineClient(Protocol):
         tenant: str | None = None,
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs; ``tenant`` and its ``weight`` are whose fair share of the engine it uses."""
+        """The request's outputs, for each of its ``params.n`` choices (``output.index``) until ``request_finished``.
+
+        ``tenant`` and its ``weight`` are whose fair share of the engine it uses.
+        """
         ...
 
     def abort_all(self) -> None:
@@ -133,6 +144,12 @@ class LocalEngineClient:
         text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         # The template writes the special tokens itself; encoding must not add a second BOS.
         return tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.engine.tokenizer.decode(token_ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.engine.engine.token_bytes.bytes_of(token_id)
 
     async def generate(
         self,

@@ -26,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
 from engine.step_batch import build_step_batch
+from engine.token_bytes import TokenBytes
 from engine.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Engine:
             if config.num_threads:
                 torch.set_num_threads(config.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.token_bytes = TokenBytes(self.tokenizer)
         weights = load_weights(folder, self.model_config, self.dtype, self.device)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len)

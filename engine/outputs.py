@@ -1,13 +1,18 @@
-"""What the engine hands back: per-request deltas and results, and its own statistics."""
+"""What the engine hands back: per-choice deltas and results, and its own statistics."""
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
 from engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
-    """A request's progress after one step (``delta_*``) and its totals so far."""
+    """One choice's progress after one step (``delta_*``) and its totals so far.
+
+    A request with ``n`` choices yields outputs for each ``index`` in 0..n-1; ``finished`` is this
+    choice's end, ``request_finished`` that of the request's last choice.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -19,6 +24,10 @@ class RequestOutput:
     num_cached_tokens: int
     ttft_s: float | None  # seconds from arrival to the first generated token
     error: str | None = None  # finish_reason "error": what went wrong, for the logs (not for end users)
+    index: int = 0  # the choice, 0..n-1
+    request_finished: bool = False  # every choice of the request has finished
+    logprobs: list[TokenLogprob] | None = None  # one per token of ``token_ids`` (the engine appends to it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, the first None
 
     @property
     def finished(self) -> bool:
@@ -26,7 +35,12 @@ class RequestOutput:
 
     @classmethod
     def of(
-        cls, seq: Sequence, delta_token_ids: list[int], delta_text: str, error: str | None = None
+        cls,
+        seq: Sequence,
+        delta_token_ids: list[int],
+        delta_text: str,
+        error: str | None = None,
+        request_finished: bool = False,
     ) -> "RequestOutput":
         ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time
         return cls(
@@ -40,6 +54,10 @@ class RequestOutput:
             num_cached_tokens=seq.num_cached_tokens,
             ttft_s=ttft,
             error=error,
+            index=seq.index,
+            request_finished=request_finished,
+            logprobs=seq.logprobs,
+            prompt_logprobs=seq.prompt_logprobs if seq.prompt_logprobs_done else None,
         )
 
 
@@ -56,5 +74,7 @@ class EngineStats:
     num_prompt_tokens: int
     num_cached_prompt_tokens: int
     num_generated_tokens: int
+    num_prefill_tokens: int = 0  # prompt tokens run through the model (a recompute counts again, a cache hit not)
+    num_kv_blocks_allocated: int = 0  # KV pages ever handed to sequences, copies on write included
     scheduling_policy: str = "fair"  # "fair" (per-tenant virtual token counters) or "fifo"
     tenant_counters: dict[str, float] = field(default_factory=dict)  # fair policy: each tenant's weighted service

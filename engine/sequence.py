@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -54,12 +55,22 @@ class Sequence:
     generator: torch.Generator | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    index: int = 0  # which of the request's n choices this is
+    fork_pending: bool = False  # choice 0 of an n > 1 request whose prompt is not done: forks at its first token
+    logprobs: list[TokenLogprob] | None = None  # per output token, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token so far, when asked
+    prompt_logprobs_done: bool = False  # every prompt token's logprob is in prompt_logprobs
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
         if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+            self.generator = torch.Generator().manual_seed(self.params.seed + self.index)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]  # the first token has nothing before it
+            self.prompt_logprobs_done = self.num_prompt_tokens == 1
 
     @property
     def num_tokens(self) -> int:
