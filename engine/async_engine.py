@@ -108,6 +108,8 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request (on behalf of ``tenant``, see :meth:`Engine.add_request`) and yield its outputs.
 
+        A request of ``n`` choices yields each choice's outputs (``output.index``) until ``request_finished``.
+
         Leaving the loop early (a client that went away) aborts the request and frees its pages. A
         request the engine failed on (see :meth:`Engine.step`) raises RequestFailedError; others go on.
         """
@@ -127,7 +129,7 @@ class AsyncEngine:
                 item = await sink.queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
+                finished = item.request_finished
                 if item.error is not None:
                     raise RequestFailedError(f"the engine failed while running request {request_id}: {item.error}")
                 yield item
@@ -182,9 +184,9 @@ class AsyncEngine:
                     continue
                 for output in self.engine.step():
                     sink = self._sinks.get(output.request_id)
-                    if output.finished:
+                    if output.request_finished:
                         self._sinks.pop(output.request_id, None)
-                    if sink is not None and not sink.put(output) and not output.finished:
+                    if sink is not None and not sink.put(output) and not output.request_finished:
                         self.engine.abort_request(output.request_id)
                         self._sinks.pop(output.request_id, None)
         except BaseException as error:  # the loop must tell every waiter, whatever went wrong
@@ -204,8 +206,7 @@ class AsyncEngine:
                 return True
             if command is None or isinstance(command, _AbortAll):
                 for request_id, sink in self._sinks.items():
-                    output = self.engine.abort_request(request_id)
-                    if output is not None:
+                    for output in self.engine.abort_request(request_id):
                         sink.put(output)
                 self._sinks.clear()
                 if command is None:

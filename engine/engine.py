@@ -4,6 +4,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,22 +17,34 @@ from engine.errors import ConfigError, PoolExhaustedError, RequestError
 from engine.fair_queue import FairQueue
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
+from engine.logprobs import TokenLogprob, token_logprobs
 from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
 from engine.page_pool import PagePool
 from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
+from engine.sampling_batch import build_sampling_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
-from engine.step_batch import build_step_batch
+from engine.step_batch import StepBatch, build_step_batch
 from engine.token_bytes import TokenBytes
 from engine.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
 QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fair": FairQueue, "fifo": FifoQueue}
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one forward pass produced, applied to the sequences by ``Engine._update``."""
+
+    sampled: list[tuple[Sequence, int, TokenLogprob | None]] = field(default_factory=list)
+    scores: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)  # prompt logprobs
+    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # choice 0, the choices it forks
+
 
 
 class Engine:
@@ -65,9 +78,9 @@ class Engine:
         self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         )
-        self._requests: dict[str, Sequence] = {}
+        self._requests: dict[str, list[Sequence]] = {}  # every choice of each unfinished request
         self._ids = itertools.count()
-        self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0}
+        self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
         logger.info(
             "engine ready: %s on %s/%s, %d pages of %d tokens (%.0f MiB)",
             folder.name,
@@ -149,6 +162,10 @@ class Engine:
         vocab_size = self.model_config.vocab_size
         if any(not 0 <= token < vocab_size for token in prompt_ids):
             raise RequestError(f"prompt token ids must be within [0, {vocab_size}), the model's vocabulary")
+        if any(not 0 <= token < vocab_size for token, _ in params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be within [0, {vocab_size}), the model's vocabulary")
+        if params.n > self.config.max_num_seqs:
+            raise RequestError(f"n ({params.n}) exceeds the engine's max_num_seqs ({self.config.max_num_seqs})")
         total = len(prompt_ids) + params.max_tokens
         if total > self.max_model_len:
             raise RequestError(
@@ -173,26 +190,38 @@ class Engine:
             eos_token_ids=self._eos_ids,
             adapter=entry,
             tenant=DEFAULT_TENANT if tenant is None else tenant,
+            fork_pending=params.n > 1,
         )
         if entry is not None:
             entry.num_requests += 1
-        self._requests[request_id] = seq
+        self._requests[request_id] = [seq]
         self.scheduler.add(seq)
         return request_id
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now and free its pages; None if it is unknown or already finished."""
-        seq = self._requests.pop(request_id, None)
-        if seq is None:
-            return None
-        self._finish(seq, FinishReason.ABORT)
-        return RequestOutput.of(seq, [], seq.detokenizer.flush())
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """Stop every unfinished choice of a request now and free its pages; their last outputs (none if unknown)."""
+        choices = self._requests.pop(request_id, [])
+        outputs = []
+        for seq in choices:
+            if seq.finish_reason is None:
+                self._finish(seq, FinishReason.ABORT)
+                outputs.append(RequestOutput.of(seq, [], seq.detokenizer.flush(), request_finished=True))
+        return outputs
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)
-        self._requests.pop(seq.request_id, None)
         if seq.adapter is not None:
             seq.adapter.num_requests -= 1
+
+    def _request_finished(self, seq: Sequence) -> bool:
+        """Whether every choice of ``seq``'s request has finished (the request is then forgotten)."""
+        choices = self._requests.get(seq.request_id)
+        if choices is None:
+            return True
+        if any(choice.finish_reason is None or choice.fork_pending for choice in choices):
+            return False
+        del self._requests[seq.request_id]
+        return True
 
     def set_tenant_weight(self, tenant: str, weight: float) -> None:
         """Give ``tenant`` ``weight`` times the service of a tenant of weight 1 (the default) under the fair policy.
@@ -218,62 +247,135 @@ class Engine:
         """
         scheduled = self.scheduler.schedule()
         self._totals["preemptions"] += len(scheduled.preempted_ids)
+        self.pool.copy_pages(self.kv.take_copies())
         failed: list[RequestOutput] = []
         try:
-            sampled = self._run(scheduled.scheduled)
+            result = self._run(scheduled.scheduled)
         except Exception:
             logger.exception("a step of %d sequences failed; running each on its own", len(scheduled.scheduled))
-            scheduled, sampled, failed = self._run_each(scheduled)
-        return failed + self._update(scheduled, sampled)
+            scheduled, result, failed = self._run_each(scheduled)
+        return failed + self._update(scheduled, result)
 
-    def _run(self, items: tuple[ScheduledSeq, ...]) -> list[tuple[Sequence, int]]:
-        """The forward pass and sampling: each sequence that reached its end gets one token."""
+    def _run(self, items: tuple[ScheduledSeq, ...]) -> StepResult:
+        """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork)."""
         if not items:
-            return []
+            return StepResult()
         batch = build_step_batch(items, self.pool, self.model_config, self.device)
-        logits = self.model.forward(batch, self.pool)  # [num_sampled, vocab]
-        return list(zip(batch.sampled_seqs, sample(logits, batch.sampled_seqs), strict=True))
+        logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
+        num_sampled = len(batch.sampled_seqs)
+        rows, seqs, forks = self._choices(batch.sampled_seqs)
+        sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
+        out = sample(sampled_logits, build_sampling_batch(seqs, self.model_config.vocab_size, self.device))
+        return StepResult(
+            sampled=list(zip(seqs, out.token_ids, out.logprobs, strict=True)),
+            scores=_prompt_scores(batch, logits[num_sampled:]),
+            forks=forks,
+        )
 
-    def _run_each(
-        self, scheduled: SchedulerOutput
-    ) -> tuple[SchedulerOutput, list[tuple[Sequence, int]], list[RequestOutput]]:
+    def _choices(
+        self, sampled: tuple[Sequence, ...]
+    ) -> tuple[list[int], list[Sequence], list[tuple[Sequence, list[Sequence]]]]:
+        """Each sampled row's sequence, plus new choices for the prompts that fork now (their rows repeated).
+
+        The new choices are not registered anywhere yet (``_update`` does it), so a failed step drops them.
+        """
+        rows: list[int] = []
+        seqs: list[Sequence] = []
+        forks: list[tuple[Sequence, list[Sequence]]] = []
+        for row, seq in enumerate(sampled):
+            rows.append(row)
+            seqs.append(seq)
+            if not seq.fork_pending:
+                continue
+            children = [self._new_choice(seq, index) for index in range(1, seq.params.n)]
+            forks.append((seq, children))
+            rows += [row] * len(children)
+            seqs += children
+        return rows, seqs, forks
+
+    def _new_choice(self, parent: Sequence, index: int) -> Sequence:
+        return Sequence(
+            request_id=parent.request_id,
+            prompt_token_ids=parent.prompt_token_ids,
+            params=parent.params,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, parent.params.stop),
+            eos_token_ids=parent.eos_token_ids,
+            adapter=parent.adapter,
+            tenant=parent.tenant,
+            arrival_time=parent.arrival_time,
+            index=index,
+            prompt_logprobs=parent.prompt_logprobs,  # one list for every choice: the prompt is scored once
+        )
+
+    def _run_each(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, StepResult, list[RequestOutput]]:
         """After a failed step: run every sequence alone; fail those that fail alone, keep the others' tokens."""
         kept: list[ScheduledSeq] = []
-        sampled: list[tuple[Sequence, int]] = []
+        result = StepResult()
         failed: list[RequestOutput] = []
         for item in scheduled.scheduled:
             try:
-                sampled += self._run((item,))
+                alone = self._run((item,))
             except Exception as error:
                 failed.append(self._fail(item.seq, error))
                 continue
+            result.sampled += alone.sampled
+            result.scores += alone.scores
+            result.forks += alone.forks
             kept.append(item)
         num_kept_tokens = sum(item.num_new_tokens for item in kept)
-        return SchedulerOutput(tuple(kept), scheduled.preempted_ids, num_kept_tokens), sampled, failed
+        return SchedulerOutput(tuple(kept), scheduled.preempted_ids, num_kept_tokens), result, failed
 
     def _fail(self, seq: Sequence, error: Exception) -> RequestOutput:
         """Finish ``seq`` with reason "error" and free its pages; its output carries the error for the logs."""
         logger.error("request %s failed in the engine", seq.request_id, exc_info=error)
+        seq.fork_pending = False  # its choices will never be forked: the request ends with this one
         self._finish(seq, FinishReason.ERROR)
-        return RequestOutput.of(seq, [], "", error=f"{type(error).__name__}: {error}")
+        return RequestOutput.of(
+            seq, [], "", error=f"{type(error).__name__}: {error}", request_finished=self._request_finished(seq)
+        )
 
-    def _update(self, scheduled: SchedulerOutput, sampled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
+    def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        for item in scheduled.scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            self._totals["prefill"] += max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens) - start)
         self.scheduler.update(scheduled)
+        for seq, scores in result.scores:
+            seq.prompt_logprobs.extend(scores)
+            seq.prompt_logprobs_done = len(seq.prompt_logprobs) == seq.num_prompt_tokens
+        for parent, children in result.forks:
+            self._fork(parent, children)
         outputs = []
-        for seq, token_id in sampled:
-            if seq.num_output_tokens == 0 and seq.num_preemptions == 0:
+        for seq, token_id, logprob in result.sampled:
+            if seq.index == 0 and seq.num_output_tokens == 0 and seq.num_preemptions == 0:
                 self._totals["prompt"] += seq.num_prompt_tokens
                 self._totals["cached"] += seq.num_cached_tokens
+            if seq.params.max_tokens == 0:  # the prompt was only to be scored
+                self._finish(seq, FinishReason.LENGTH)
+                outputs.append(RequestOutput.of(seq, [], "", request_finished=self._request_finished(seq)))
+                continue
             self._totals["generated"] += 1
             try:
+                if logprob is not None:
+                    seq.logprobs.append(logprob)
                 delta = seq.append_token(token_id)
             except Exception as error:  # e.g. detokenizing or a stop check: only this request fails
                 outputs.append(self._fail(seq, error))
                 continue
             if seq.finish_reason is not None:
                 self._finish(seq, seq.finish_reason)
-            outputs.append(RequestOutput.of(seq, [token_id], delta))
+            outputs.append(RequestOutput.of(seq, [token_id], delta, request_finished=self._request_finished(seq)))
         return outputs
+
+    def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Start ``children`` from ``parent``'s computed prompt: its blocks shared, each choice on its own from now."""
+        parent.fork_pending = False
+        for child in children:
+            self.kv.fork(parent, child)
+            child.prompt_logprobs_done = parent.prompt_logprobs_done
+            if child.adapter is not None:
+                child.adapter.num_requests += 1
+        self.scheduler.add_forked(parent, children)
+        self._requests[parent.request_id] += children
 
     # Conveniences ---------------------------------------------------------------------------------
 
@@ -283,7 +385,7 @@ class Engine:
         params: SamplingParams | SequenceOf[SamplingParams] | None = None,
         adapters: SequenceOf[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion together and return their final outputs, in order."""
+        """Run every prompt to completion together; the final outputs, prompt by prompt, each's n choices in order."""
         params = params or SamplingParams()
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         adapters = list(adapters) if adapters is not None else [None] * len(prompts)
@@ -292,8 +394,9 @@ class Engine:
         request_ids = [
             self.add_request(prompt, p, adapter=a) for prompt, p, a in zip(prompts, params_list, adapters, strict=True)
         ]
-        finals: dict[str, RequestOutput] = {}
-        while len(finals) < len(request_ids):
+        finals: dict[tuple[str, int], RequestOutput] = {}
+        num_choices = sum(p.n for p in params_list)
+        while len(finals) < num_choices:
             outputs = self.step()
             if not outputs and not self.scheduler.running:
                 raise PoolExhaustedError(
@@ -302,8 +405,8 @@ class Engine:
                 )
             for output in outputs:
                 if output.finished:
-                    finals[output.request_id] = output
-        return [finals[request_id] for request_id in request_ids]
+                    finals[output.request_id, output.index] = output
+        return [finals[rid, index] for rid, p in zip(request_ids, params_list, strict=True) for index in range(p.n)]
 
     def stats(self) -> EngineStats:
         pool = self.pool.stats()
@@ -319,6 +422,21 @@ class Engine:
             num_prompt_tokens=self._totals["prompt"],
             num_cached_prompt_tokens=self._totals["cached"],
             num_generated_tokens=self._totals["generated"],
+            num_prefill_tokens=self._totals["prefill"],
+            num_kv_blocks_allocated=self.kv.num_blocks_allocated,
             scheduling_policy=self.config.scheduling_policy,
             tenant_counters=self.scheduler.waiting.counters(),
         )
+
+
+def _prompt_scores(batch: StepBatch, logits: torch.Tensor) -> list[tuple[Sequence, list[TokenLogprob]]]:
+    """Each scored sequence's prompt logprobs from this step's rows of ``logits`` [num_scored, vocab]."""
+    if not batch.scored:
+        return []
+    num_top = [seq.params.prompt_logprobs for seq, num_rows in batch.scored for _ in range(num_rows)]
+    entries = token_logprobs(logits, batch.scored_token_ids, num_top)
+    scores, start = [], 0
+    for seq, num_rows in batch.scored:
+        scores.append((seq, entries[start : start + num_rows]))
+        start += num_rows
+    return scores

@@ -22,12 +22,20 @@ def block_hash(parent: bytes, token_ids: list[int], adapter_digest: bytes = b"")
 
 
 class KVCacheManager:
-    """Allocates, shares and frees sequences' KV blocks (``allocate_slots`` / ``free``)."""
+    """Allocates, shares and frees sequences' KV blocks (``allocate_slots`` / ``fork`` / ``free``).
+
+    Blocks are shared by reference count: full blocks through the prefix cache, and every block of a
+    prompt among the ``n`` choices forked from it. A shared block that is not full is copied on write:
+    the choice that next writes into it gets a fresh page, and the copy is queued in ``pending_copies``
+    for the engine to make before the step's forward pass (the manager never touches tensors).
+    """
 
     def __init__(self, pool: PagePool, enable_prefix_caching: bool) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.pending_copies: list[tuple[int, int]] = []  # (source page, destination page), in order
+        self.num_blocks_allocated = 0  # pages ever handed to sequences, copies included (statistics)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -41,8 +49,12 @@ class KVCacheManager:
         assert not seq.block_ids and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        self._extend_hashes(seq, (seq.num_tokens - 1) // self.block_size)
-        for block_hash_ in seq.block_hashes:
+        max_tokens = seq.num_tokens - 1
+        if seq.prompt_logprobs is not None:
+            # Positions whose prompt logprob is still owed must run: the row at p scores token p + 1.
+            max_tokens = min(max_tokens, len(seq.prompt_logprobs) - 1)
+        self._extend_hashes(seq, max_tokens // self.block_size)
+        for block_hash_ in seq.block_hashes[: max_tokens // self.block_size]:
             page_id = self.pool.lookup(block_hash_)
             if page_id is None:
                 break
@@ -53,16 +65,41 @@ class KVCacheManager:
         return seq.num_computed_tokens
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.pool.can_allocate(self._num_missing_blocks(seq, num_new_tokens))
+        return self.pool.can_allocate(self._num_missing_blocks(seq, num_new_tokens) + self._is_shared_tail(seq))
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Make room for the next ``num_new_tokens`` tokens of ``seq``; False if the pool is short."""
+        """Make room for the next ``num_new_tokens`` tokens of ``seq``; False if the pool is short.
+
+        A partly filled block that other choices still hold is copied first (copy on write).
+        """
+        copy_tail = self._is_shared_tail(seq)
         num_missing = self._num_missing_blocks(seq, num_new_tokens)
-        if not self.pool.can_allocate(num_missing):
+        if not self.pool.can_allocate(num_missing + copy_tail):
             return False
+        if copy_tail:
+            index = seq.num_computed_tokens // self.block_size
+            source = seq.block_ids[index]
+            [seq.block_ids[index]] = self.pool.allocate(1)
+            self.pool.free([source])  # others still hold it
+            self.pending_copies.append((source, seq.block_ids[index]))
         if num_missing:
             seq.block_ids.extend(self.pool.allocate(num_missing))
+        self.num_blocks_allocated += num_missing + copy_tail
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` every block of ``parent`` (one more reference each) and its progress through them."""
+        for page_id in parent.block_ids:
+            self.pool.acquire(page_id)
+        child.block_ids = list(parent.block_ids)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_registered_blocks = parent.num_registered_blocks
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copies on write queued since the last call, oldest first; the caller makes them."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Offer the blocks that the last step filled to the prefix cache."""
@@ -80,6 +117,11 @@ class KVCacheManager:
         self.pool.free(seq.block_ids)
         seq.block_ids = []
         seq.num_registered_blocks = 0
+
+    def _is_shared_tail(self, seq: Sequence) -> bool:
+        """Whether the next token lands in a partly filled block that another sequence holds too."""
+        index, offset = divmod(seq.num_computed_tokens, self.block_size)
+        return bool(offset) and index < len(seq.block_ids) and self.pool.pages[seq.block_ids[index]].ref_count > 1
 
     def _num_missing_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         needed = self.num_blocks_for(seq.num_computed_tokens + num_new_tokens)

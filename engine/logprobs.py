@@ -15,7 +15,7 @@ class TokenLogprob:
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:
-    """Per row of ``logits`` [num_rows, vocab] (fp32, raw), the logprob of ``token_ids`` [num_rows] and its top alternatives.
+    """Per row of ``logits`` [num_rows, vocab] (fp32, raw): the logprob of ``token_ids`` [num_rows], and the top ones.
 
     ``num_top[i]`` alternatives for row i (0..20); one topk call serves every row at the largest count.
     """

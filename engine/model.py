@@ -33,15 +33,15 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: PagePool) -> torch.Tensor:
-        """Logits of the rows in ``batch.logits_indices``: [num_sampled, vocab] in fp32."""
+        """Logits of ``batch.logits_indices`` (sampled rows, then prompt rows to score): [num_rows, vocab] fp32."""
         x = self.weights.embed[batch.input_ids]  # [num_tokens, hidden]
         kv_rows = kv_row_index(batch.slot_mapping, len(self.weights.layers), pool.block_size)  # [num_tokens]
         rope = self.rope.tables(batch.positions)  # cos and signed sin: [num_tokens, 1, head_dim] each
         for index, layer in enumerate(self.weights.layers):
             x = self._layer(x, layer, index, pool, kv_rows, rope, batch)
-        x = x[batch.logits_indices]  # [num_sampled, hidden]
+        x = x[batch.logits_indices]  # [num_rows, hidden]
         x = rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps)
-        return linear(x, self.weights.lm_head).float()  # [num_sampled, vocab]
+        return linear(x, self.weights.lm_head).float()  # [num_rows, vocab]
 
     def _layer(
         self,

@@ -151,6 +151,15 @@ class PagePool:
             page.owner = OwnerKind.KV
         page.ref_count += 1
 
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) page's contents in every layer; a destination named twice takes the last."""
+        if not copies:
+            return
+        last = {dst: src for src, dst in copies}  # a page freed and handed out again in one step is named twice
+        sources = torch.tensor(list(last.values()), device=self.storage.device)  # [num_copies]
+        destinations = torch.tensor(list(last), device=self.storage.device)  # [num_copies]
+        self.storage.index_copy_(0, destinations, self.storage.index_select(0, sources))  # [num_copies, L, P] moved
+
     def register_block(self, page_id: int, block_hash: bytes) -> None:
         """Record that ``page_id`` holds the full KV block ``block_hash``; the first page to do so wins."""
         page = self.pages[page_id]

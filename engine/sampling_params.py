@@ -26,7 +26,7 @@ class SamplingParams:
     min_p: float = 0.0
     """Drop tokens whose probability is below ``min_p`` times the likeliest token's; 0 keeps all."""
     seed: int | None = None
-    """Makes a sampled (temperature > 0) request reproducible on its own, whatever runs beside it; choice i uses seed + i."""
+    """Makes a sampled request reproducible on its own, whatever runs beside it; choice i uses seed + i."""
     presence_penalty: float = 0.0
     """Subtracted from the logit of every token already generated (OpenAI's definition), within [-2, 2]."""
     frequency_penalty: float = 0.0
@@ -54,7 +54,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if isinstance(self.logit_bias, Mapping):
-            object.__setattr__(self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in self.logit_bias.items())))
+            pairs = tuple(sorted((int(k), float(v)) for k, v in self.logit_bias.items()))
+            object.__setattr__(self, "logit_bias", pairs)
         if self.max_tokens < 0 or (self.max_tokens == 0 and self.prompt_logprobs is None):
             raise RequestError(
                 f"max_tokens must be at least 1 (or 0 with prompt_logprobs, to score the prompt), got {self.max_tokens}"

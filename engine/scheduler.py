@@ -102,9 +102,10 @@ class Scheduler:
         return victims
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq], held_back: frozenset[str]) -> int:
+        num_slots = sum(_num_slots(seq) for seq in self.running)
         for seq in self.waiting.candidates(held_back):
-            if not budget or len(self.running) >= self.max_num_seqs:
-                break
+            if not budget or num_slots + _num_slots(seq) > self.max_num_seqs:
+                break  # a request of n choices waits for n slots, so it is never starved by smaller ones
             if seq.adapter is not None and not seq.holds_adapter:
                 if not self.adapters.acquire(seq.adapter):
                     continue  # its adapter does not fit now; others may still run
@@ -122,9 +123,23 @@ class Scheduler:
             self.waiting.admit(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            num_slots += _num_slots(seq)
             self._serve(scheduled, seq, num_new)
             budget -= num_new
         return budget
+
+    def add_forked(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Run ``children`` (choices forked from ``parent``, sharing its blocks) right after it, each on its own."""
+        position = self.running.index(parent) + 1
+        for child in children:
+            self.waiting.push(child)
+            self.waiting.admit(child)
+            if child.adapter is not None:
+                assert self.adapters.acquire(child.adapter), "a forked choice's adapter is resident with its parent's"
+                child.holds_adapter = True
+            child.status = SequenceStatus.RUNNING
+            self.waiting.charge(child, 0, 1)
+        self.running[position:position] = children
 
     def _serve(self, scheduled: list[ScheduledSeq], seq: Sequence, num_new: int) -> None:
         """Schedule the next ``num_new`` tokens of ``seq`` and tell the queue what its tenant gets."""
@@ -164,3 +179,8 @@ class Scheduler:
         self._release_adapter(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason
+
+
+def _num_slots(seq: Sequence) -> int:
+    """Running slots a sequence takes: all its choices' while they are still to be forked from it."""
+    return seq.params.n if seq.fork_pending else 1

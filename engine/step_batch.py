@@ -21,9 +21,11 @@ class StepBatch:
     positions: torch.Tensor  # [num_tokens] int64
     slot_mapping: torch.Tensor  # [num_tokens] int64, page * block_size + offset
     attention: PagedAttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64, the rows whose next token is sampled
-    sampled_seqs: tuple[Sequence, ...]  # in the order of logits_indices
+    logits_indices: torch.Tensor  # [num_sampled + num_scored] int64: sampled rows, then prompt rows to score
+    sampled_seqs: tuple[Sequence, ...]  # in the order of the first num_sampled logits_indices
     lora: LoraStep | None  # None when no token of the step uses an adapter
+    scored: tuple[tuple[Sequence, int], ...] = ()  # prompt logprobs: (sequence, its rows), in the order of the rest
+    scored_token_ids: torch.Tensor | None = None  # [num_scored] int64, the prompt token each scored row predicts
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +49,9 @@ def build_step_batch(
     seq_lens: list[int] = []
     logits_indices: list[int] = []
     sampled: list[Sequence] = []
+    scored_rows: list[int] = []
+    scored_token_ids: list[int] = []
+    scored: list[tuple[Sequence, int]] = []
     for item in items:
         seq = item.seq
         start = seq.num_computed_tokens
@@ -60,6 +65,15 @@ def build_step_batch(
         if item.samples:
             logits_indices.append(query_start_loc[-1] - 1)
             sampled.append(seq)
+        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_done:
+            # The row at position p scores prompt token p + 1; the ones already scored are not asked again.
+            first = max(start, len(seq.prompt_logprobs) - 1)
+            last = min(end, seq.num_prompt_tokens - 1)
+            if first < last:
+                row0 = query_start_loc[-2] + first - start
+                scored_rows.extend(range(row0, row0 + last - first))
+                scored_token_ids.extend(seq.prompt_token_ids[first + 1 : last + 1])
+                scored.append((seq, last - first))
     max_blocks = max(len(item.seq.block_ids) for item in items)
     table = [item.seq.block_ids + [0] * (max_blocks - len(item.seq.block_ids)) for item in items]
     query_lens = [item.num_new_tokens for item in items]
@@ -90,8 +104,10 @@ def build_step_batch(
         positions=tensor(positions),  # [num_tokens]
         slot_mapping=tensor(slots),  # [num_tokens]
         attention=attention,
-        logits_indices=tensor(logits_indices),  # [num_sampled]
+        logits_indices=tensor(logits_indices + scored_rows),  # [num_sampled + num_scored]
         sampled_seqs=tuple(sampled),
         lora=build_lora_step(runs, model, pool.storage),
+        scored=tuple(scored),
+        scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
     )
 

@@ -44,9 +44,10 @@ def test_abort_frees_pages_of_running_and_waiting_requests(tiny_llama: Path) -> 
     waiting = engine.add_request([8] * 40, params)
     engine.step()
     assert engine.stats().num_running == 1 and engine.stats().num_waiting == 1
-    assert engine.abort_request(running).finish_reason == "abort"
-    assert engine.abort_request(waiting).finish_reason == "abort"
-    assert engine.abort_request(running) is None
+    [aborted_running] = engine.abort_request(running)
+    [aborted_waiting] = engine.abort_request(waiting)
+    assert aborted_running.finish_reason == aborted_waiting.finish_reason == "abort"
+    assert engine.abort_request(running) == []
     check_invariants(engine)
     assert engine.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0
     assert not engine.has_unfinished_requests()
