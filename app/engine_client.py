@@ -46,6 +46,8 @@ class EngineClient(Protocol):
     """Most tokens a request may hold, prompt and completion together."""
     max_prompt_chars: int
     """Longest text that could fit in the context; a longer prompt is refused without tokenizing it."""
+    vocab_size: int
+    """Token ids run from 0 to this, excluded (prompts, ``logit_bias``, ``stop_token_ids`` are checked against it)."""
 
     async def start(self) -> None: ...
 
@@ -109,6 +111,7 @@ class LocalEngineClient:
         self.model_name = model_name
         self.max_model_len = 0
         self.max_prompt_chars = 0
+        self.vocab_size = 0
         self._engine: AsyncEngine | None = None
         self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
@@ -119,6 +122,7 @@ class LocalEngineClient:
         engine = await asyncio.to_thread(Engine, self.config)
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = engine.max_model_len * longest_token_chars(engine.tokenizer)
+        self.vocab_size = engine.model_config.vocab_size
         self._engine = AsyncEngine(engine)
         self._engine.start()
 

@@ -105,7 +105,9 @@ async def run_gateway(
             writer=writer,
             metrics=metrics,
             limiter=limiter,
-            openai=OpenAIService(engine, resolver, writer, metrics, limiter),
+            openai=OpenAIService(
+                engine, resolver, writer, metrics, limiter, max_n=settings.max_n, max_prompts=settings.max_prompts
+            ),
             resolver=resolver,
             key_secret=key_secret,
         )

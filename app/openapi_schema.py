@@ -22,13 +22,8 @@ import msgspec
 from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
-from app.openai.schemas import (
-    PROMPT_SCHEMA,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-)
+from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
+from app.openai.schemas_responses import ChatCompletionChunk, Completion
 from app.openapi_examples import add_response_examples
 from app.web import ERROR_DESCRIPTIONS, JSON
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
+from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -68,6 +69,12 @@ class Settings:
     shutdown_grace_s: float = 30.0
     """On SIGTERM, how long running requests may take to finish before they are ended (LORAPLEX_SHUTDOWN_GRACE_S)."""
 
+    max_n: int = DEFAULT_MAX_N
+    """Most choices (`n`) one request may ask for per prompt (LORAPLEX_MAX_N)."""
+
+    max_prompts: int = DEFAULT_MAX_PROMPTS
+    """Most prompts one /v1/completions request may send (LORAPLEX_MAX_PROMPTS)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -89,6 +96,8 @@ class Settings:
             max_adapter_bytes=(_int(env, "LORAPLEX_MAX_ADAPTER_MB") or 512) * 1024**2,
             max_request_bytes=(_int(env, "LORAPLEX_MAX_REQUEST_KB") or DEFAULT_MAX_REQUEST_KB) * 1024,
             shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S") or 30,
+            max_n=_int(env, "LORAPLEX_MAX_N") or DEFAULT_MAX_N,
+            max_prompts=_int(env, "LORAPLEX_MAX_PROMPTS") or DEFAULT_MAX_PROMPTS,
         )
 
 

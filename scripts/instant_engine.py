@@ -1,14 +1,17 @@
 """An engine double that answers at once, for measuring what the gateway itself costs.
 
 :class:`InstantEngine` implements the app's ``EngineClient`` protocol with no model and no tokenizer:
-prompts become a few ids derived from their length, and ``generate`` yields one output per token,
-all of them immediately (it never awaits), the last one finishing with "length". Adapters are
+prompts become a few ids derived from their length, and ``generate`` yields one output per token of
+each of the request's ``n`` choices, all of them immediately (it never awaits), each choice's last one
+finishing with "length". Asked for logprobs or prompt logprobs, it gives well-formed made-up ones (every
+token equally likely among VOCAB_SIZE), so the gateway's shaping of them is measured too. Adapters are
 accepted and remembered by name only. ``scripts/bench_gateway.py`` runs the real app on it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 from app.engine_client import AdapterInfo
 from engine import EngineStats, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
+from engine.logprobs import TokenLogprob
 
 DEFAULT_NUM_TOKENS = 16  # tokens per reply, as in the issue's benchmark (max_tokens 16)
 MODEL_NAME = "instant"
@@ -25,6 +29,8 @@ TOKENS_PER_MESSAGE = 4  # a chat template's role markers around each message
 MAX_PROMPT_TOKENS = 512  # keeps any prompt well inside MAX_MODEL_LEN
 WORD = " token"  # the text of every generated token
 FIRST_TOKEN_ID = 100  # ids below are the special tokens of a real vocabulary
+VOCAB_SIZE = 49_152  # the default model's
+UNIFORM_LOGPROB = -math.log(VOCAB_SIZE)
 POOL_PAGES, BLOCK_SIZE, PAGE_BYTES = 4096, 16, 16 * 9 * 2 * 3 * 64 * 4  # a small model's pool, for stats()
 
 
@@ -38,6 +44,7 @@ class InstantEngine:
         self.model_name = model_name
         self.max_model_len = MAX_MODEL_LEN
         self.max_prompt_chars = MAX_MODEL_LEN * CHARS_PER_TOKEN
+        self.vocab_size = VOCAB_SIZE
         self._started = False
         self._adapters: set[str] = set()
         self._num_requests = 0
@@ -60,6 +67,12 @@ class InstantEngine:
         num_chars = sum(len(str(message.get("content") or "")) for message in messages)
         return _ids_for(num_chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(messages))
 
+    def decode(self, token_ids: list[int]) -> str:
+        return WORD * len(token_ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return WORD.encode()
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -69,27 +82,41 @@ class InstantEngine:
         tenant: str | None = None,
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        """One output per token, all at once: ``min(num_tokens, params.max_tokens)`` tokens, then "length"."""
+        """Per choice, one output per token, all at once: ``min(num_tokens, max_tokens)`` tokens, then "length".
+
+        ``max_tokens`` 0 (scoring the prompt) gives each choice one output with no token.
+        """
         if adapter is not None and adapter not in self._adapters:
             raise UnknownAdapterError(f"unknown adapter {adapter!r}")
         num_tokens = min(self.num_tokens, params.max_tokens)
         self._num_requests += 1
         self._num_prompt_tokens += len(prompt_ids)
-        token_ids: list[int] = []
-        for index in range(num_tokens):
-            token_ids.append(FIRST_TOKEN_ID + index)
-            self._num_generated_tokens += 1
-            yield RequestOutput(
-                request_id=request_id,
-                prompt_token_ids=prompt_ids,
-                token_ids=list(token_ids),
-                text=WORD * len(token_ids),
-                delta_token_ids=[token_ids[-1]],
-                delta_text=WORD,
-                finish_reason="length" if index == num_tokens - 1 else None,
-                num_cached_tokens=0,
-                ttft_s=0.0,
-            )
+        prompt_logprobs = _prompt_logprobs(prompt_ids, params.prompt_logprobs)
+        for choice in range(params.n):
+            last_choice = choice == params.n - 1
+            if num_tokens == 0:
+                yield _output(request_id, prompt_ids, [], [], "length", choice, last_choice, None, prompt_logprobs)
+                continue
+            token_ids: list[int] = []
+            logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+            for position in range(num_tokens):
+                token_id = FIRST_TOKEN_ID + position
+                token_ids.append(token_id)
+                if logprobs is not None:
+                    logprobs.append(_uniform(token_id, params.logprobs or 0))
+                self._num_generated_tokens += 1
+                last = position == num_tokens - 1
+                yield _output(
+                    request_id,
+                    prompt_ids,
+                    list(token_ids),
+                    [token_id],
+                    "length" if last else None,
+                    choice,
+                    last and last_choice,
+                    logprobs,
+                    prompt_logprobs,
+                )
 
     def abort_all(self) -> None:
         """Nothing to end: every reply is complete the moment it starts."""
@@ -127,6 +154,46 @@ class InstantEngine:
             num_cached_prompt_tokens=0,
             num_generated_tokens=self._num_generated_tokens,
         )
+
+
+def _output(
+    request_id: str,
+    prompt_ids: list[int],
+    token_ids: list[int],
+    delta_token_ids: list[int],
+    finish_reason: str | None,
+    index: int,
+    request_finished: bool,
+    logprobs: list[TokenLogprob] | None,
+    prompt_logprobs: list[TokenLogprob | None] | None,
+) -> RequestOutput:
+    return RequestOutput(
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        token_ids=token_ids,
+        text=WORD * len(token_ids),
+        delta_token_ids=delta_token_ids,
+        delta_text=WORD * len(delta_token_ids),
+        finish_reason=finish_reason,
+        num_cached_tokens=0,
+        ttft_s=0.0,
+        index=index,
+        request_finished=request_finished,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def _uniform(token_id: int, num_top: int) -> TokenLogprob:
+    """A made-up entry: the token and ``num_top`` others, all equally likely."""
+    top = tuple((token_id + k, UNIFORM_LOGPROB) for k in range(num_top))
+    return TokenLogprob(token_id, UNIFORM_LOGPROB, top)
+
+
+def _prompt_logprobs(prompt_ids: list[int], num_top: int | None) -> list[TokenLogprob | None] | None:
+    if num_top is None:
+        return None
+    return [None, *(_uniform(token_id, num_top) for token_id in prompt_ids[1:])]
 
 
 def _ids_for(num_tokens: int) -> list[int]:

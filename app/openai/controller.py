@@ -21,7 +21,8 @@ from app.errors import ApiError
 from app.json_body import strict_json
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
-from app.openai.schemas import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelList
+from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.schemas_responses import ChatCompletion, Completion, ModelList
 from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, request_id_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

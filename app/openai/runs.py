@@ -1,11 +1,16 @@
-"""One request's run through the engine, metered: exactly one usage record, whatever happens.
+"""One HTTP request's run through the engine, metered: exactly one usage record, whatever happens.
 
-:func:`metered_outputs` wraps the engine's output stream. Its ``finally`` writes the usage record
-when the request finishes, fails, or its client goes away (``cancelled``, counting what was
-generated), feeds the Prometheus counters and latency histograms, and settles the run's admission
-(its token reservation becomes the tokens used, its concurrency slots are freed). A request the engine
-failed on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id;
-one the engine ended because the server is stopping, as a 503 that says to retry (billed as cancelled).
+A run is one engine request per prompt (a completions request may send several), each with the
+request's ``n`` choices. :func:`metered_outputs` yields ``(choice index, output)`` for all of them, the
+index counted as OpenAI does (prompt-major, then ``n``). One engine request is read directly; several
+are merged as they arrive (app/openai/fan_in.py).
+
+Its ``finally`` writes the usage record when the run finishes, fails, or its client goes away
+(``cancelled``, counting what was generated): every prompt's tokens once, every choice's completion
+tokens. It feeds the Prometheus counters and latency histograms, and settles the run's admission (its
+token reservation becomes the tokens used, its concurrency slots are freed). A request the engine failed
+on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id; one
+the engine ended because the server is stopping, as a 503 that says to retry (billed as cancelled).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app.adapters.resolver import ResolvedModel
@@ -25,6 +30,7 @@ from app.keys.authenticator import Principal
 from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission
 from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
+from app.openai.fan_in import fan_in
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
 from engine import RequestFailedError, RequestOutput, SamplingParams
@@ -32,34 +38,67 @@ from engine import RequestFailedError, RequestOutput, SamplingParams
 logger = logging.getLogger(__name__)
 
 ENDED_BY_SERVER = "abort"  # the engine's finish reason for requests it ended itself (it is stopping)
+# The usage row has one finish reason for all choices: the first of these any choice ended with, else choice 0's.
+FINISH_PRECEDENCE = ("error", "abort", "length")
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One engine request of a run: a prompt and how to sample its choices."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Everything about one request the engine and the meter need."""
+    """Everything about one HTTP request the engine and the meter need."""
 
     request_id: str
     endpoint: str
     principal: Principal
     model: ResolvedModel
-    prompt_ids: list[int]
-    params: SamplingParams
+    submissions: tuple[Submission, ...]
     admission: Admission
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(submission.prompt_ids) for submission in self.submissions)
 
 
 @dataclass(slots=True)
 class Meter:
-    """What the gateway saw of a run so far."""
+    """What the gateway saw of a run so far: each choice's last output."""
 
-    last: RequestOutput | None = None
+    last: dict[int, RequestOutput] = field(default_factory=dict)
     first_token_at: float | None = None
     last_output_at: float | None = None
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(output.token_ids) for output in self.last.values())
+
+    def num_cached_tokens(self, n: int) -> int:
+        """Cached prompt tokens, each prompt counted once (its choices share it)."""
+        per_prompt: dict[int, int] = {}
+        for index, output in self.last.items():
+            prompt_i = index // n
+            per_prompt[prompt_i] = max(per_prompt.get(prompt_i, 0), output.num_cached_tokens)
+        return sum(per_prompt.values())
+
+    def finish_reason(self) -> str | None:
+        reasons = [output.finish_reason for _, output in sorted(self.last.items())]
+        for reason in FINISH_PRECEDENCE:
+            if reason in reasons:
+                return reason
+        return reasons[0] if reasons else None
 
 
 async def metered_outputs(
     run: Run, engine: EngineClient, writer: UsageWriter, metrics: GatewayMetrics
-) -> AsyncIterator[RequestOutput]:
-    """The engine's outputs for ``run``; records its usage once when the stream ends, however it ends."""
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """``(choice index, output)`` for every choice of ``run``; records its usage once when the stream ends."""
     started_at = datetime.now(UTC)
     start = time.perf_counter()
     meter = Meter()
@@ -67,23 +106,15 @@ async def metered_outputs(
     labels = (run.principal.tenant_name, run.model.name if run.model.adapter_id else BASE_ADAPTER_LABEL)
     ttft, inter_token = metrics.ttft.labels(*labels), metrics.inter_token.labels(*labels)  # looked up once a run
     try:
-        outputs = engine.generate(
-            run.prompt_ids,
-            run.params,
-            run.request_id,
-            run.model.engine_adapter,
-            tenant=str(run.principal.tenant_id),
-            weight=run.principal.fair_share_weight,
-        )
-        async with contextlib.aclosing(outputs):  # leaving early aborts the sequence at once
-            async for output in outputs:
+        async with contextlib.aclosing(_choices(run, engine)) as outputs:  # leaving early aborts every sequence
+            async for index, output in outputs:
                 _observe_latency(meter, output, ttft, inter_token, start)
-                meter.last = output
-                yield output
-        if meter.last is not None and meter.last.finish_reason == ENDED_BY_SERVER:
+                meter.last[index] = output
+                yield index, output
+        if any(output.finish_reason == ENDED_BY_SERVER for output in meter.last.values()):
             status = "cancelled"
             raise ServiceUnavailableError(
-                f"The server is shutting down, so this response was cut short after {len(meter.last.token_ids)} "
+                f"The server is shutting down, so this response was cut short after {meter.num_completion_tokens} "
                 "tokens; retry the request."
             )
         status = "ok"
@@ -93,14 +124,31 @@ async def metered_outputs(
             "logged and no other request was affected. Retry; if it fails again, report the request id."
         ) from None
     except (GeneratorExit, asyncio.CancelledError):
-        status = "cancelled"  # the client went away; leaving engine.generate aborted the sequence
+        status = "cancelled"  # the client went away; leaving engine.generate aborted the sequences
         raise
     finally:
         try:
             _record(run, meter, status, started_at, start, writer, metrics, labels)
         finally:
-            num_completion = 0 if meter.last is None else len(meter.last.token_ids)
-            run.admission.settle(len(run.prompt_ids) + num_completion)  # the same count as the usage row's
+            run.admission.settle(run.num_prompt_tokens + meter.num_completion_tokens)  # the usage row's count
+
+
+async def _choices(run: Run, engine: EngineClient) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Each output with its choice's index: read directly for one prompt, merged for several."""
+    tenant, weight = str(run.principal.tenant_id), run.principal.fair_share_weight
+    streams = [
+        engine.generate(s.prompt_ids, s.params, s.request_id, run.model.engine_adapter, tenant=tenant, weight=weight)
+        for s in run.submissions
+    ]
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]):  # type: ignore[type-var]  # engine streams are async generators
+            async for output in streams[0]:
+                yield output.index, output
+        return
+    n = run.submissions[0].params.n
+    async with contextlib.aclosing(fan_in(streams)) as merged:
+        async for prompt_i, output in merged:
+            yield prompt_i * n + output.index, output
 
 
 def _observe_latency(
@@ -127,10 +175,10 @@ def _record(
     metrics: GatewayMetrics,
     labels: tuple[str, str],
 ) -> None:
-    last = meter.last
-    if status == "ok" and last is not None and last.finish_reason == "abort":
+    finish_reason = meter.finish_reason()
+    if status == "ok" and finish_reason == ENDED_BY_SERVER:
         status = "cancelled"
-    completion_tokens = 0 if last is None else len(last.token_ids)
+    num_prompt, num_completion = run.num_prompt_tokens, meter.num_completion_tokens
     ttft_ms = None if meter.first_token_at is None else (meter.first_token_at - start) * 1000.0
     writer.record(
         UsageRecord(
@@ -139,25 +187,25 @@ def _record(
             api_key_id=run.principal.key_id,
             adapter_id=run.model.adapter_id,
             model=run.model.name,
-            prompt_tokens=len(run.prompt_ids),
-            cached_prompt_tokens=0 if last is None else last.num_cached_tokens,
-            completion_tokens=completion_tokens,
+            prompt_tokens=num_prompt,
+            cached_prompt_tokens=meter.num_cached_tokens(run.submissions[0].params.n),
+            completion_tokens=num_completion,
             status=status,
-            finish_reason=None if last is None else last.finish_reason,
+            finish_reason=finish_reason,
             started_at=started_at,
             finished_at=datetime.now(UTC),
             ttft_ms=ttft_ms,
         )
     )
     metrics.requests.labels(*labels, run.endpoint, status).inc()
-    metrics.prompt_tokens.labels(*labels).inc(len(run.prompt_ids))
-    metrics.completion_tokens.labels(*labels).inc(completion_tokens)
+    metrics.prompt_tokens.labels(*labels).inc(num_prompt)
+    metrics.completion_tokens.labels(*labels).inc(num_completion)
     logger.info(
         "request %s %s: %s, %d prompt + %d completion tokens, %s",
         run.request_id,
         run.endpoint,
         status,
-        len(run.prompt_ids),
-        completion_tokens,
+        num_prompt,
+        num_completion,
         "no token" if ttft_ms is None else f"ttft {ttft_ms:.0f} ms",
     )

@@ -1,11 +1,14 @@
-"""Request and response bodies of the OpenAI API, as msgspec Structs (OpenAI's field names).
+"""Request bodies of the OpenAI API, as msgspec Structs (OpenAI's field names, and vLLM's for its extensions).
 
-Requests forbid unknown fields, so a parameter this server does not support is a 400 naming it
-rather than being silently ignored.
+Requests forbid unknown fields, so a parameter this server does not know is a 400 naming it rather than
+being silently ignored. Every parameter OpenAI's reference defines for these two endpoints is a field:
+those whose value asks for something this server lacks (``store: true``, tools, audio...) are refused by
+app/openai/unsupported.py with a 400 that says so.
 
-The limits on values (``temperature`` within [0, 2], one prompt per request...) are checked in
-app/openai/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema
-in ``extra_json_schema``, so that the OpenAPI schema tells clients the same.
+The limits on values (``temperature`` within [0, 2], ``n`` up to LORAPLEX_MAX_N...) are checked in
+app/openai/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema in
+``extra_json_schema``, so that the OpenAPI schema tells clients the same. Response bodies are in
+app/openai/schemas_responses.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ from msgspec import Meta
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
 MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
+MAX_LOGPROBS = 20  # top alternatives per token: OpenAI's chat limit (its completions stop at 5, vLLM's at 20)
+MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
+MAX_ABS_LOGIT_BIAS = 100.0
+MAX_ABS_PENALTY = 2.0  # presence_penalty and frequency_penalty, as OpenAI bounds them
+MAX_REPETITION_PENALTY = 100.0  # vLLM's extension; above it every seen token is simply forbidden
+DEFAULT_MAX_N = 16  # choices per request (LORAPLEX_MAX_N)
+DEFAULT_MAX_PROMPTS = 64  # prompts per completions request (LORAPLEX_MAX_PROMPTS)
 
 
 def _documented(**json_schema: Any) -> Meta:
@@ -25,24 +35,42 @@ def _documented(**json_schema: Any) -> Meta:
     return Meta(extra_json_schema=json_schema)
 
 
+def _null_only(what: str) -> Any:
+    """A parameter only ``null`` fits: what it asks for is not offered (unsupported.py answers 400 otherwise)."""
+    return Annotated[Any, _documented(type="null", description=f"Only null: {what}")]
+
+
 _TOKEN_ID: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID - 1}
 _TOKEN_IDS: dict[str, Any] = {"type": "array", "items": _TOKEN_ID, "minItems": 1}
-PROMPT_DESCRIPTION = "One prompt: a text, a list of token ids, or a list holding one of either."
+PROMPT_DESCRIPTION = (
+    f"A text, a list of token ids, or a list of up to {DEFAULT_MAX_PROMPTS} (LORAPLEX_MAX_PROMPTS) of either: "
+    "several prompts, answered with `n` choices each, prompt-major."
+)
 PROMPT_SCHEMA: dict[str, Any] = {
     "description": PROMPT_DESCRIPTION,
     "anyOf": [
         {"type": "string", "minLength": 1},
         _TOKEN_IDS,
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": DEFAULT_MAX_PROMPTS,
+        },
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": DEFAULT_MAX_PROMPTS},
     ],
 }
-MaxTokens = Annotated[int, _documented(minimum=1)]
+TOOLS_LATER = "Tools are not supported yet: only no tools."
 StopText = Annotated[str, _documented(minLength=1)]
+Penalty = Annotated[float, _documented(minimum=-MAX_ABS_PENALTY, maximum=MAX_ABS_PENALTY)]
+NumLogprobs = Annotated[int, _documented(minimum=0, maximum=MAX_LOGPROBS)]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
+    include_obfuscation: Annotated[
+        bool | None, Meta(description="Accepted; chunks carry no obfuscation padding either way.")
+    ] = None
 
 
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
@@ -62,24 +90,87 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What both endpoints take: OpenAI's sampling parameters and vLLM's extensions of them."""
+
     model: str
-    max_tokens: Annotated[
-        MaxTokens | None,
-        Meta(description="Tokens to generate at most; the prompt and these must fit the model's context."),
-    ] = None
     temperature: Annotated[float, _documented(minimum=0, maximum=2)] | None = None
     top_p: Annotated[float, _documented(exclusiveMinimum=0, maximum=1)] | None = None
     stop: StopText | Annotated[list[StopText], _documented(maxItems=MAX_STOP_SEQUENCES)] | None = None
     seed: Annotated[int, _documented(minimum=-MAX_SEED, maximum=MAX_SEED)] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: Annotated[StreamOptions | None, Meta(description="Only with `stream: true`.")] = None
-    user: str | None = None
-    n: Annotated[int, _documented(minimum=1, maximum=1, description="Choices per request: only 1.")] = 1
+    user: Annotated[str | None, Meta(description="Accepted and ignored (requests are billed to the key).")] = None
+    n: (
+        Annotated[
+            int,
+            _documented(
+                minimum=1,
+                maximum=DEFAULT_MAX_N,
+                description=f"Choices per prompt, up to {DEFAULT_MAX_N} (LORAPLEX_MAX_N); they share the prompt's KV.",
+            ),
+        ]
+        | None
+    ) = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, float],
+            _documented(
+                maxProperties=MAX_LOGIT_BIAS,
+                propertyNames={"pattern": "^[0-9]{1,10}$"},
+                additionalProperties={"type": "number", "minimum": -MAX_ABS_LOGIT_BIAS, "maximum": MAX_ABS_LOGIT_BIAS},
+                description="Token id (as a string) to a bias within [-100, 100] added to its logit.",
+            ),
+        ]
+        | None
+    ) = None
+    # vLLM's extensions.
+    top_k: Annotated[int, _documented(minimum=-1, description="Keep the k likeliest tokens; 0 or -1: all.")] | None = (
+        None
+    )
+    min_p: Annotated[float, _documented(minimum=0, maximum=1)] | None = None
+    repetition_penalty: Annotated[float, _documented(exclusiveMinimum=0, maximum=MAX_REPETITION_PENALTY)] | None = None
+    min_tokens: Annotated[int, _documented(minimum=0, description="At most `max_tokens`.")] | None = None
+    stop_token_ids: list[Annotated[int, _documented(minimum=0, maximum=MAX_TOKEN_ID - 1)]] | None = None
+    ignore_eos: bool | None = None
+    best_of: Annotated[int, _documented(minimum=1, description="Only null or equal to `n`.")] | None = None
+    use_beam_search: Annotated[bool, _documented(const=False, description="Beam search is not offered.")] | None = None
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Annotated[str, _documented(enum=["text"], description="Only text for now.")]
+    json_schema: _null_only("structured output is not supported yet.") = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], _documented(minItems=1)]
-    max_completion_tokens: MaxTokens | None = None
+    max_tokens: Annotated[
+        Annotated[int, _documented(minimum=1)] | None,
+        Meta(description="Tokens to generate at most; the prompt and these must fit the model's context."),
+    ] = None
+    max_completion_tokens: Annotated[int, _documented(minimum=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[NumLogprobs | None, Meta(description="Only with `logprobs: true`.")] = None
+    # Accepted as long as they ask for nothing this server lacks.
+    store: Annotated[bool, _documented(const=False, description="Nothing is stored.")] | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Annotated[str, _documented(enum=["auto", "default"])] | None = None
+    modalities: list[Annotated[str, _documented(enum=["text"])]] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: Annotated[str | None, Meta(description="Accepted; prefixes are cached automatically.")] = None
+    prompt_cache_retention: Annotated[str, _documented(enum=["in_memory", "in-memory"])] | None = None
+    audio: _null_only("audio output is not supported.") = None
+    prediction: _null_only("predicted outputs are not supported.") = None
+    reasoning_effort: Annotated[str, _documented(enum=["none"])] | None = None
+    verbosity: _null_only("the model's verbosity cannot be set.") = None
+    web_search_options: _null_only("web search is not offered.") = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[dict[str, Any]], _documented(maxItems=0, description=TOOLS_LATER)] | None = None
+    tool_choice: Annotated[Any, _documented(enum=["none", "auto", None], description=TOOLS_LATER)] = None
+    parallel_tool_calls: bool | None = None
+    functions: Annotated[list[dict[str, Any]], _documented(maxItems=0)] | None = None
+    function_call: Annotated[Any, _documented(enum=["none", "auto", None])] = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -87,84 +178,18 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     # so the list's items are checked when the prompt is encoded. PROMPT_SCHEMA states what passes; the
     # OpenAPI schema shows it in place of msgspec's looser one (app/openapi_schema.py).
     prompt: Annotated[str | list[str | int | list[int]], Meta(description=PROMPT_DESCRIPTION)]
-
-
-class Usage(msgspec.Struct):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: dict[str, int] | None = None
-
-
-class AssistantMessage(msgspec.Struct):
-    role: Literal["assistant"]
-    content: str
-
-
-class ChatChoice(msgspec.Struct):
-    index: int
-    message: AssistantMessage
-    finish_reason: str | None
-    logprobs: None = None
-
-
-class ChatCompletion(msgspec.Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    object: Literal["chat.completion"] = "chat.completion"
-    system_fingerprint: str | None = None
-
-
-class ChatDelta(msgspec.Struct, omit_defaults=True):
-    role: str | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(msgspec.Struct):
-    index: int
-    delta: ChatDelta
-    finish_reason: str | None
-    logprobs: None = None
-
-
-class ChatCompletionChunk(msgspec.Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    system_fingerprint: str | None = None
-
-
-class CompletionChoice(msgspec.Struct):
-    index: int
-    text: str
-    finish_reason: str | None
-    logprobs: None = None
-
-
-class Completion(msgspec.Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    object: Literal["text_completion"] = "text_completion"
-    system_fingerprint: str | None = None
-
-
-class ModelCard(msgspec.Struct):
-    id: str
-    created: int
-    owned_by: str
-    object: Literal["model"] = "model"
-    parent: str | None = None
-
-
-class ModelList(msgspec.Struct):
-    data: list[ModelCard]
-    object: Literal["list"] = "list"
+    max_tokens: Annotated[
+        Annotated[int, _documented(minimum=0)] | None,
+        Meta(
+            description="Tokens to generate at most per choice; 0 only with `echo` or `prompt_logprobs` (scores the "
+            "prompt)."
+        ),
+    ] = None
+    logprobs: Annotated[
+        NumLogprobs | None, Meta(description="Each generated token's log-probability and this many alternatives.")
+    ] = None
+    echo: bool | None = None
+    suffix: Annotated[str, _documented(maxLength=0, description="Only null or empty.")] | None = None
+    prompt_logprobs: Annotated[
+        NumLogprobs | None, Meta(description="vLLM's: each prompt token's log-probability and this many alternatives.")
+    ] = None

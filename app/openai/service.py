@@ -6,37 +6,27 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import msgspec
-
 from app.adapters.resolver import ModelResolver
 from app.engine_client import EngineClient
-from app.errors import ApiError, BadRequestError, ModelNotFoundError, ServiceUnavailableError
+from app.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.openai import params as request_params
-from app.openai.runs import Run, metered_outputs
-from app.openai.schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    Usage,
-)
+from app.openai import replies, streams
+from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
+from app.openai.replies import Reply
+from app.openai.runs import Run, Submission, metered_outputs
+from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
+from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
+from app.openai.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
 from app.usage.writer import UsageWriter
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError, UnknownAdapterError
 
-SSE_DONE = b"data: [DONE]\n\n"
 OWNED_BY_SYSTEM = "loraplex"
+
+Choices = AsyncIterator[tuple[int, RequestOutput]]
 
 
 @dataclass(slots=True)
@@ -46,6 +36,8 @@ class OpenAIService:
     writer: UsageWriter
     metrics: GatewayMetrics
     limiter: Limiter
+    max_n: int = DEFAULT_MAX_N
+    max_prompts: int = DEFAULT_MAX_PROMPTS
 
     async def models(self, principal: Principal) -> ModelList:
         base = self.engine.model_name
@@ -57,38 +49,40 @@ class OpenAIService:
     async def chat(
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
-        prompt_ids = await request_params.chat_prompt_ids(body, self.engine)
-        first, outputs = await self._start(principal, body, prompt_ids, request_id, "chat.completions")
-        completion_id, created = f"chatcmpl-{request_id}", int(time.time())
+        refuse_unsupported_chat(body)
+        prompts = [Prompt(await chat_prompt_ids(body, self.engine))]
+        first, outputs = await self._start(principal, body, prompts, request_id, "chat.completions")
+        reply = self._reply(f"chatcmpl-{request_id}", body, prompts)
         if body.stream:
-            return _chat_stream(first, outputs, completion_id, created, body.model, _include_usage(body))
-        last = await _last_output(first, outputs)
-        message = AssistantMessage(role="assistant", content=last.text)
-        choice = ChatChoice(index=0, message=message, finish_reason=last.finish_reason)
-        return ChatCompletion(id=completion_id, created=created, model=body.model, choices=[choice], usage=_usage(last))
+            return streams.chat_stream(reply, first, outputs)
+        return replies.chat_completion(reply, await _last_outputs(first, outputs, body.model))
 
     async def completion(
         self, principal: Principal, body: CompletionRequest, request_id: str
     ) -> Completion | AsyncIterator[bytes]:
-        prompt_ids = await request_params.completion_prompt_ids(body, self.engine)
-        first, outputs = await self._start(principal, body, prompt_ids, request_id, "completions")
-        completion_id, created = f"cmpl-{request_id}", int(time.time())
+        refuse_unsupported_completion(body)
+        prompts = await completion_prompts(body, self.engine, self.max_prompts)
+        first, outputs = await self._start(principal, body, prompts, request_id, "completions")
+        reply = self._reply(f"cmpl-{request_id}", body, prompts)
         if body.stream:
-            return _completion_stream(first, outputs, completion_id, created, body.model, _include_usage(body))
-        last = await _last_output(first, outputs)
-        choice = CompletionChoice(index=0, text=last.text, finish_reason=last.finish_reason)
-        return Completion(id=completion_id, created=created, model=body.model, choices=[choice], usage=_usage(last))
+            return streams.completion_stream(reply, first, outputs)
+        return replies.completion(reply, await _last_outputs(first, outputs, body.model))
+
+    def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        shown = request_params.shown(body)
+        return Reply(reply_id, int(time.time()), body.model, shown, prompts, self.engine, include_usage)
 
     async def _start(
         self,
         principal: Principal,
         body: ChatCompletionRequest | CompletionRequest,
-        prompt_ids: list[int],
+        prompts: list[Prompt],
         request_id: str,
         endpoint: str,
-    ) -> tuple[RequestOutput, AsyncIterator[RequestOutput]]:
+    ) -> tuple[tuple[int, RequestOutput], Choices]:
         """Resolve, check, admit and submit the run; its first output and the metered stream of the rest."""
-        run = await self._prepare(principal, body, prompt_ids, request_id, endpoint)
+        run = await self._prepare(principal, body, prompts, request_id, endpoint)
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
         try:
             return await _first_output(outputs, body.model), outputs
@@ -100,125 +94,50 @@ class OpenAIService:
         self,
         principal: Principal,
         body: ChatCompletionRequest | CompletionRequest,
-        prompt_ids: list[int],
+        prompts: list[Prompt],
         request_id: str,
         endpoint: str,
     ) -> Run:
         if not self.engine.is_ready():
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
         model = await self.resolver.resolve(principal.tenant_id, body.model)
-        sampling = request_params.sampling_params(body, len(prompt_ids), self.engine.max_model_len)
-        admission = await self.limiter.admit(principal, len(prompt_ids), sampling.max_tokens)
-        return Run(request_id, endpoint, principal, model, prompt_ids, sampling, admission)
+        limits = request_params.Limits(self.engine.max_model_len, self.engine.vocab_size, self.max_n)
+        params = request_params.sampling_params(body, [len(prompt.token_ids) for prompt in prompts], limits)
+        num_prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
+        num_completion_tokens = sum(p.n * p.max_tokens for p in params)  # every choice may run to max_tokens
+        admission = await self.limiter.admit(principal, num_prompt_tokens, num_completion_tokens)
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        triples = zip(ids, prompts, params, strict=True)
+        submissions = tuple(Submission(engine_id, prompt.token_ids, p) for engine_id, prompt, p in triples)
+        return Run(request_id, endpoint, principal, model, submissions, admission)
 
 
-def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
-    return body.stream_options is not None and body.stream_options.include_usage
-
-
-async def _first_output(outputs: AsyncIterator[RequestOutput], model: str) -> RequestOutput:
+async def _first_output(outputs: Choices, model: str) -> tuple[int, RequestOutput]:
     """The run's first output, so that a request the engine refuses gets a 4xx before any byte is sent."""
     try:
         return await anext(outputs)
-    except UnknownAdapterError:  # the adapter was removed between resolution and admission
-        raise ModelNotFoundError(model) from None
-    except RequestError as error:
-        raise BadRequestError(str(error)) from None
-    except EngineDeadError as error:
-        raise ServiceUnavailableError(f"The engine stopped: {error}. Retry later.") from None
+    except BaseException as error:
+        raise _api_error(error, model) from None
 
 
-async def _last_output(first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-    last = first
-    async for output in outputs:
-        last = output
+async def _last_outputs(first: tuple[int, RequestOutput], outputs: Choices, model: str) -> dict[int, RequestOutput]:
+    """Each choice's last output, once every choice has finished."""
+    index, output = first
+    last = {index: output}
+    try:
+        async for index, output in outputs:
+            last[index] = output
+    except BaseException as error:
+        raise _api_error(error, model) from None
     return last
 
 
-def _usage(output: RequestOutput) -> Usage:
-    num_prompt, num_completion = len(output.prompt_token_ids), len(output.token_ids)
-    return Usage(
-        prompt_tokens=num_prompt,
-        completion_tokens=num_completion,
-        total_tokens=num_prompt + num_completion,
-        prompt_tokens_details={"cached_tokens": output.num_cached_tokens},
-    )
-
-
-def _sse(chunk: msgspec.Struct) -> bytes:
-    return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
-
-
-def _sse_error(error: Exception) -> bytes:
-    api_error = error if isinstance(error, ApiError) else ServiceUnavailableError(f"The request failed: {error}.")
-    return b"data: " + msgspec.json.encode(api_error.body()) + b"\n\n"
-
-
-async def _chain(first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-    yield first
-    async for output in outputs:
-        yield output
-
-
-async def _chat_stream(
-    first: RequestOutput,
-    outputs: AsyncIterator[RequestOutput],
-    completion_id: str,
-    created: int,
-    model: str,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    def chunk(delta: ChatDelta, finish_reason: str | None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=completion_id,
-            created=created,
-            model=model,
-            choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish_reason)],
-        )
-
-    yield _sse(chunk(ChatDelta(role="assistant", content=""), None))
-    last = first
-    try:
-        async for output in _chain(first, outputs):
-            last = output
-            if output.delta_text:
-                yield _sse(chunk(ChatDelta(content=output.delta_text), None))
-    except (RequestError, EngineDeadError, ApiError) as error:
-        yield _sse_error(error)
-        return
-    finally:
-        await outputs.aclose()  # a client that went away: abort the sequence and meter it now
-    yield _sse(chunk(ChatDelta(), last.finish_reason))
-    if include_usage:
-        yield _sse(ChatCompletionChunk(id=completion_id, created=created, model=model, choices=[], usage=_usage(last)))
-    yield SSE_DONE
-
-
-async def _completion_stream(
-    first: RequestOutput,
-    outputs: AsyncIterator[RequestOutput],
-    completion_id: str,
-    created: int,
-    model: str,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish_reason: str | None) -> Completion:
-        choice = CompletionChoice(index=0, text=text, finish_reason=finish_reason)
-        return Completion(id=completion_id, created=created, model=model, choices=[choice])
-
-    last = first
-    try:
-        async for output in _chain(first, outputs):
-            last = output
-            if output.delta_text and not output.finished:
-                yield _sse(chunk(output.delta_text, None))
-            elif output.finished:
-                yield _sse(chunk(output.delta_text, output.finish_reason))
-    except (RequestError, EngineDeadError, ApiError) as error:
-        yield _sse_error(error)
-        return
-    finally:
-        await outputs.aclose()  # a client that went away: abort the sequence and meter it now
-    if include_usage:
-        yield _sse(Completion(id=completion_id, created=created, model=model, choices=[], usage=_usage(last)))
-    yield SSE_DONE
+def _api_error(error: BaseException, model: str) -> BaseException:
+    """What the client is told about an engine error (others as they are)."""
+    if isinstance(error, UnknownAdapterError):  # the adapter was removed between resolution and admission
+        return ModelNotFoundError(model)
+    if isinstance(error, RequestError):
+        return BadRequestError(str(error))
+    if isinstance(error, EngineDeadError):
+        return ServiceUnavailableError(f"The engine stopped: {error}. Retry later.")
+    return error

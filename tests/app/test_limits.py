@@ -20,7 +20,7 @@ from app.keys.authenticator import Principal
 from app.limits.limiter import Admission, Limiter, duration_text
 from app.limits.limits import NO_LIMITS, Limits
 from app.metrics import GatewayMetrics
-from app.openai.runs import Run, metered_outputs
+from app.openai.runs import Run, Submission, metered_outputs
 from app.usage.records import UsageRecord
 from engine import RequestOutput, SamplingParams
 from engine.errors import RequestError
@@ -237,7 +237,8 @@ class FakeWriter:
 
 def run_of(admission: Admission, principal: Principal) -> Run:
     params = SamplingParams(max_tokens=20)
-    return Run("req-1", "completions", principal, ResolvedModel("fake"), [1, 2, 3], params, admission)
+    submissions = (Submission("req-1", [1, 2, 3], params),)
+    return Run("req-1", "completions", principal, ResolvedModel("fake"), submissions, admission)
 
 
 @pytest.mark.parametrize("then", ["fail", "cancel"])

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from app.openai.params import OFF_LOOP_CHARS
+from app.openai.prompts import OFF_LOOP_CHARS
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 
 pytestmark = pytest.mark.anyio
@@ -60,9 +60,9 @@ async def test_streamed_chat_ends_with_done_and_usage_chunk(gateway_settings, de
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
-        ({"tools": []}, "tools"),
+        ({"n": 17}, "n"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"temperature": 3.5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

@@ -1,0 +1,139 @@
+"""The answer to one request, whole or as chunks: its choices in OpenAI's shapes, and its usage.
+
+A :class:`Reply` holds what every body or chunk of one answer shares; ``choice`` indices are OpenAI's
+(prompt-major, then ``n``: choice ``i`` answers prompt ``i // n``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.engine_client import EngineClient
+from app.openai import logprobs as shaping
+from app.openai.params import Shown
+from app.openai.prompts import Prompt
+from app.openai.schemas_responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Usage,
+)
+from engine import RequestOutput
+from engine.logprobs import TokenLogprob
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer's id, time and model, what it must show, and the prompts it answers."""
+
+    id: str
+    created: int
+    model: str
+    shown: Shown
+    prompts: list[Prompt]
+    engine: EngineClient
+    include_usage: bool = False
+
+    def prompt_of(self, choice: int) -> Prompt:
+        return self.prompts[choice // self.shown.n]
+
+    def echo_text(self, choice: int) -> str:
+        """The prompt as sent (a text), or its tokens' text (token ids), when ``echo`` is asked; else nothing."""
+        if not self.shown.echo:
+            return ""
+        prompt = self.prompt_of(choice)
+        return prompt.text if prompt.text is not None else self.engine.decode(prompt.token_ids)
+
+    def usage(self, last: dict[int, RequestOutput]) -> Usage:
+        """Every prompt once, every choice's completion; cached tokens per prompt, the most any of its choices saw."""
+        num_prompt = sum(len(prompt.token_ids) for prompt in self.prompts)
+        num_completion = sum(len(output.token_ids) for output in last.values())
+        cached: dict[int, int] = {}
+        for choice, output in last.items():
+            prompt_i = choice // self.shown.n
+            cached[prompt_i] = max(cached.get(prompt_i, 0), output.num_cached_tokens)
+        return Usage(
+            prompt_tokens=num_prompt,
+            completion_tokens=num_completion,
+            total_tokens=num_prompt + num_completion,
+            prompt_tokens_details={"cached_tokens": sum(cached.values())},
+        )
+
+    def chat_logprobs(self, output: RequestOutput, *, delta: bool) -> ChatLogprobs | None:
+        if self.shown.logprobs is None:
+            return None
+        entries = shaping.delta_logprobs(output) if delta else shaping.all_logprobs(output)
+        return shaping.chat_logprobs(entries, self.shown.logprobs, self.engine)
+
+
+def chat_completion(reply: Reply, last: dict[int, RequestOutput]) -> ChatCompletion:
+    choices = [
+        ChatChoice(
+            index=index,
+            message=AssistantMessage(role="assistant", content=output.text),
+            finish_reason=output.finish_reason,
+            logprobs=reply.chat_logprobs(output, delta=False),
+        )
+        for index, output in sorted(last.items())
+    ]
+    usage = reply.usage(last)
+    return ChatCompletion(id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=usage)
+
+
+def completion(reply: Reply, last: dict[int, RequestOutput]) -> Completion:
+    choices = [CompletionPiece(reply, index).whole(output) for index, output in sorted(last.items())]
+    usage = reply.usage(last)
+    return Completion(id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=usage)
+
+
+class CompletionPiece:
+    """One completions choice, whole or chunk by chunk: the echoed prompt (with its logprobs) comes first."""
+
+    def __init__(self, reply: Reply, index: int) -> None:
+        self.reply = reply
+        self.index = index
+        self._shaper = shaping.CompletionLogprobsShaper(reply.engine) if self._wants_logprobs else None
+        self._started = False
+
+    @property
+    def _wants_logprobs(self) -> bool:
+        shown = self.reply.shown
+        return shown.logprobs is not None or shown.echo_logprobs is not None
+
+    def whole(self, output: RequestOutput) -> CompletionChoice:
+        return self._choice(output, output.text, shaping.all_logprobs(output), output.finish_reason)
+
+    def chunk(self, output: RequestOutput) -> CompletionChoice | None:
+        """The choice's part in a chunk for ``output``; None when there is nothing new to send."""
+        if self._started and not output.delta_text and not output.finished and not self._delta_scores(output):
+            return None
+        return self._choice(output, output.delta_text, shaping.delta_logprobs(output), output.finish_reason)
+
+    def _delta_scores(self, output: RequestOutput) -> bool:
+        return self.reply.shown.logprobs is not None and bool(output.delta_token_ids)
+
+    def _choice(
+        self, output: RequestOutput, text: str, entries: Sequence[TokenLogprob], finish_reason: str | None
+    ) -> CompletionChoice:
+        shown, first = self.reply.shown, not self._started
+        self._started = True
+        echo = self.reply.echo_text(self.index) if first else ""
+        logprobs: CompletionLogprobs | None = None
+        if self._shaper is not None:
+            logprobs = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+            if first and shown.echo_logprobs is not None:
+                ids = self.reply.prompt_of(self.index).token_ids
+                logprobs = self._shaper.prompt(ids, output.prompt_logprobs, shown.echo_logprobs, echo)
+            if shown.logprobs is not None:
+                logprobs = shaping.joined(logprobs, self._shaper.generated(entries, shown.logprobs))
+        scores = None
+        if first and shown.prompt_logprobs is not None:
+            scores = shaping.prompt_logprobs(output.prompt_logprobs, shown.prompt_logprobs, self.reply.engine)
+        return CompletionChoice(
+            index=self.index, text=echo + text, finish_reason=finish_reason, logprobs=logprobs, prompt_logprobs=scores
+        )

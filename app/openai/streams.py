@@ -1,0 +1,88 @@
+"""The SSE streams of the two completion routes: one chunk per choice's delta, ``data: [DONE]`` last.
+
+Each chunk carries one choice, by its ``index``; with ``n`` > 1 the choices' chunks interleave as the
+engine produces them. Chat opens every choice with a chunk whose delta has the role, and closes each
+with a chunk of its own that has the finish reason; completions put the finish reason on a choice's
+last text chunk. With ``stream_options.include_usage``, a chunk with ``usage`` and no choices comes
+before ``[DONE]``. A run that fails midway ends with an error body as the last event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from app.errors import ApiError, ServiceUnavailableError
+from app.openai.replies import CompletionPiece, Reply
+from app.openai.schemas_responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion
+from engine import RequestOutput
+from engine.errors import EngineDeadError, RequestError
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+Choices = AsyncIterator[tuple[int, RequestOutput]]
+
+
+def sse(chunk: msgspec.Struct) -> bytes:
+    return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
+
+def _sse_error(error: Exception) -> bytes:
+    api_error = error if isinstance(error, ApiError) else ServiceUnavailableError(f"The request failed: {error}.")
+    return b"data: " + msgspec.json.encode(api_error.body()) + b"\n\n"
+
+
+async def _chain(first: tuple[int, RequestOutput], outputs: Choices) -> Choices:
+    yield first
+    async for item in outputs:
+        yield item
+
+
+async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: Choices) -> AsyncIterator[bytes]:
+    def chunk(index: int, delta: ChatDelta, finish_reason: str | None, output: RequestOutput | None = None) -> bytes:
+        logprobs = None if output is None else reply.chat_logprobs(output, delta=True)
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+        return sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
+
+    for index in range(reply.shown.n * len(reply.prompts)):
+        yield chunk(index, ChatDelta(role="assistant", content=""), None)
+    last: dict[int, RequestOutput] = {}
+    wants_logprobs = reply.shown.logprobs is not None
+    try:
+        async for index, output in _chain(first, outputs):
+            last[index] = output
+            if output.delta_text or (wants_logprobs and output.delta_token_ids):
+                yield chunk(index, ChatDelta(content=output.delta_text), None, output)
+            if output.finished:
+                yield chunk(index, ChatDelta(), output.finish_reason)
+    except (RequestError, EngineDeadError, ApiError) as error:
+        yield _sse_error(error)
+        return
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]  # a client gone: abort the sequences, meter them now
+    if reply.include_usage:
+        usage = reply.usage(last)
+        yield sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage))
+    yield SSE_DONE
+
+
+async def completion_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: Choices) -> AsyncIterator[bytes]:
+    pieces: dict[int, CompletionPiece] = {}
+    last: dict[int, RequestOutput] = {}
+    try:
+        async for index, output in _chain(first, outputs):
+            last[index] = output
+            piece = pieces.get(index) or pieces.setdefault(index, CompletionPiece(reply, index))
+            choice = piece.chunk(output)
+            if choice is not None:
+                yield sse(Completion(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
+    except (RequestError, EngineDeadError, ApiError) as error:
+        yield _sse_error(error)
+        return
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]  # a client gone: abort the sequences, meter them now
+    if reply.include_usage:
+        usage = reply.usage(last)
+        yield sse(Completion(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage))
+    yield SSE_DONE
