@@ -1,0 +1,78 @@
+"""Real client libraries against a live server: the official `openai` client with logprobs and n, LangChain's
+`OpenAI` and `ChatOpenAI` (which send frequency_penalty, presence_penalty, n... with every call)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from langchain_openai import ChatOpenAI, OpenAI
+
+from tests.app.gateway_fixtures import TenantKey, make_tenant
+from tests.app.live_server import LiveServer, live_server
+
+pytestmark = pytest.mark.default_model
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture
+def server(gateway_settings, default_engine) -> Iterator[LiveServer]:
+    with live_server(gateway_settings, default_engine) as running:
+        yield running
+
+
+@pytest.fixture
+def acme(server: LiveServer) -> TenantKey:
+    return server.run(make_tenant(server.gateway, "acme"))
+
+
+def test_official_client_with_logprobs_and_n(server: LiveServer, acme: TenantKey, default_engine) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=acme.key, max_retries=0)
+    model = default_engine.model_name
+    reply = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=6, temperature=0.8, seed=3, n=2, logprobs=True, top_logprobs=2
+    )
+    assert [choice.index for choice in reply.choices] == [0, 1]
+    for choice in reply.choices:
+        assert choice.logprobs is not None and choice.logprobs.content
+        assert all(len(entry.top_logprobs) == 2 and entry.bytes for entry in choice.logprobs.content)
+
+    stream = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=6, temperature=0, n=2, logprobs=True, stream=True
+    )
+    texts = {0: "", 1: ""}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts[0] == texts[1] and texts[0]  # greedy: both choices alike
+
+    completion = client.completions.create(
+        model=model, prompt=["One, two,", "Red, green,"], max_tokens=3, temperature=0, logprobs=1, echo=True, n=2
+    )
+    assert [choice.index for choice in completion.choices] == [0, 1, 2, 3]
+    assert completion.choices[2].text.startswith("Red, green,")
+    assert completion.choices[0].logprobs.token_logprobs[0] is None
+    num_prompt = sum(len(default_engine.encode_prompt(prompt)) for prompt in ("One, two,", "Red, green,"))
+    num_listed = sum(len(choice.logprobs.tokens) for choice in completion.choices)  # each prompt's, then its own
+    assert completion.usage.completion_tokens == num_listed - 2 * num_prompt
+    assert completion.usage.prompt_tokens == num_prompt
+
+
+def test_langchain_openai_and_chat_openai_invoke(server: LiveServer, acme: TenantKey, default_engine) -> None:
+    llm = OpenAI(
+        base_url=f"{server.url}/v1", api_key=acme.key, model=default_engine.model_name, max_tokens=8, temperature=0
+    )
+    assert llm.invoke("The capital of France is")
+    chat = ChatOpenAI(
+        base_url=f"{server.url}/v1",
+        api_key=acme.key,
+        model=default_engine.model_name,
+        max_tokens=8,
+        temperature=0,
+        frequency_penalty=0,
+        presence_penalty=0,
+    )
+    assert chat.invoke("What is the capital of France?").content
+    assert "".join(chunk.content for chunk in chat.stream("Say hello."))
