@@ -21,7 +21,7 @@ def refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
         _refuse("store", "Storing completions is not supported; send `store: false` or leave it out.")
     if body.service_tier not in (None, "auto", "default"):
         _refuse("service_tier", f"Service tier {body.service_tier!r} is not offered; send 'auto' or 'default'.")
-    if body.modalities is not None and body.modalities != ["text"]:
+    if body.modalities is not None and any(modality != "text" for modality in body.modalities):
         _refuse("modalities", 'Only text output is supported; send `modalities: ["text"]` or leave it out.')
     if body.prompt_cache_retention not in (None, "in_memory", "in-memory"):
         _refuse(

@@ -13,9 +13,13 @@ The edits (``fit_case``):
 - half of the well-formed adapter ids it makes up are pointed at the adapter of the tenant ``fuzz-target``, so
   that the adapter routes get past 404 (schemathesis does not find adapter ids in the listings by itself);
 - rules the schema can only state in words are kept by valid requests: ``stream_options`` only with
-  ``stream: true``, a usage report of at most MAX_DAYS days from start to end, a key's ``expires_at`` in the
-  future, and token ids below the model's vocabulary size (the schema is built before the model loads; the
-  bound it states is the engine's, 2**31).
+  ``stream: true``, ``top_logprobs`` only with ``logprobs: true``, ``best_of`` equal to ``n``, ``min_tokens``
+  at most ``max_tokens``, a completion's ``max_tokens`` 0 only with ``echo`` or ``prompt_logprobs``, a usage
+  report of at most MAX_DAYS days from start to end, a key's ``expires_at`` in the future, and token ids
+  (prompts, ``logit_bias`` keys, ``stop_token_ids``) below the model's vocabulary size (the schema is built
+  before the model loads; the bound it states is the engine's, 2**31);
+- ``n`` is capped at MAX_FUZZ_CHOICES and a list of prompts at MAX_FUZZ_PROMPTS: 16 choices of 64 prompts are
+  valid, and a thousand sequences, which the CPU model takes minutes over.
 
 Values of the wrong type are left alone, so invalid requests stay invalid.
 
@@ -53,6 +57,8 @@ from app.openai.schemas import MAX_TOKEN_ID
 SCHEMA_PATH = "/schema/openapi.json"
 FUZZ_SEED = 7  # a fixed seed: CI sees the same requests on every run, and a failure replays as it was found
 MAX_FUZZ_TOKENS = 1  # the default model takes about 50 ms a token on CPU; one token shows a run completes
+MAX_FUZZ_CHOICES = 2
+MAX_FUZZ_PROMPTS = 2
 SPARED_ID = "00000000-0000-4000-8000-000000000000"  # what the fuzzer gets instead of its own tenants' and keys' ids
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 REQUEST_TIMEOUT_S = 60  # a completion waits its turn in the engine, behind others' on a busy CI machine
@@ -198,7 +204,41 @@ def _fit_completion(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
             fitted[name] = MAX_FUZZ_TOKENS
     if isinstance(fitted.get("stream_options"), dict) and fitted.get("stream") is not True:
         del fitted["stream_options"]
+    _fit_choices(fitted, vocab_size)
     return fitted
+
+
+def _fit_choices(body: dict[str, Any], vocab_size: int) -> None:
+    """The rules on n, logprobs, min_tokens and token ids that the schema states in words (module docstring)."""
+    for name in ("n", "best_of", "min_tokens", "top_logprobs", "logprobs", "prompt_logprobs"):
+        value = body.get(name)
+        if isinstance(value, float) and value.is_integer():
+            body[name] = int(value)  # JSON Schema's integer: the server reads 8.0 as 8
+    if _is_int(body.get("n")) and body["n"] > MAX_FUZZ_CHOICES:
+        body["n"] = MAX_FUZZ_CHOICES
+    if isinstance(body.get("prompt"), list) and body["prompt"] and not _is_int(body["prompt"][0]):
+        body["prompt"] = body["prompt"][:MAX_FUZZ_PROMPTS]
+    if _is_int(body.get("best_of")):
+        body["best_of"] = body.get("n") if _is_int(body.get("n")) else 1
+    if body.get("top_logprobs") is not None and "messages" in body and body.get("logprobs") is not True:
+        body["logprobs"] = True
+    scores_prompt = body.get("echo") or body.get("prompt_logprobs") is not None
+    if body.get("max_tokens") == 0 and "prompt" in body and not scores_prompt:
+        body["max_tokens"] = MAX_FUZZ_TOKENS
+    limits = [int(body[name]) for name in TOKEN_FIELDS if isinstance(body.get(name), int | float)]
+    if _is_int(body.get("min_tokens")) and limits and body["min_tokens"] > min(limits):
+        body["min_tokens"] = max(0, min(limits))
+    if isinstance(body.get("logit_bias"), dict):
+        body["logit_bias"] = {
+            str(int(key) % vocab_size) if isinstance(key, str) and key.isdigit() else key: bias
+            for key, bias in body["logit_bias"].items()
+        }
+    if isinstance(body.get("stop_token_ids"), list):
+        body["stop_token_ids"] = _in_vocabulary(body["stop_token_ids"], vocab_size)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _in_vocabulary(prompt: Any, vocab_size: int) -> Any:
