@@ -4,47 +4,36 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 from engine.adapter_cache import AdapterCache
-from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, PoolExhaustedError, RequestError
 from engine.fair_queue import FairQueue
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
-from engine.logprobs import TokenLogprob, token_logprobs
 from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
-from engine.page_pool import PagePool
+from engine.page_pool import make_pool
 from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
 from engine.sampling_batch import build_sampling_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
-from engine.step_batch import StepBatch, build_step_batch
+from engine.step_batch import build_step_batch
+from engine.step_result import StepResult, fork_choices, prompt_scores
 from engine.token_bytes import TokenBytes
 from engine.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
 QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fair": FairQueue, "fifo": FifoQueue}
-
-
-@dataclass(slots=True)
-class StepResult:
-    """What one forward pass produced, applied to the sequences by ``Engine._update``."""
-
-    sampled: list[tuple[Sequence, int, TokenLogprob | None]] = field(default_factory=list)
-    scores: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)  # prompt logprobs
-    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # choice 0, the choices it forks
-
 
 
 class Engine:
@@ -65,7 +54,7 @@ class Engine:
         weights = load_weights(folder, self.model_config, self.dtype, self.device)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len)
-        self.pool = self._make_pool()
+        self.pool = make_pool(config, self.model_config, self.dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
         self.scheduler = Scheduler(
@@ -89,29 +78,6 @@ class Engine:
             self.pool.num_pages,
             self.pool.block_size,
             self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
-        )
-
-    def _make_pool(self) -> PagePool:
-        cfg = self.model_config
-        block_size = self.config.block_size or cfg.pick_block_size()
-        if cfg.page_elems(block_size) < cfg.widest_row:
-            logger.warning("block_size %d leaves pages narrower than the widest adapter row", block_size)
-        page_bytes = cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(self.dtype).bits // 8
-        budget = self.config.pool_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * DEFAULT_GPU_MEMORY_FRACTION)
-            else:
-                budget = DEFAULT_CPU_POOL_BYTES
-        return PagePool(
-            budget // page_bytes,
-            cfg.num_layers,
-            block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            self.dtype,
-            self.device,
         )
 
     # Adapters -------------------------------------------------------------------------------------
@@ -263,48 +229,13 @@ class Engine:
         batch = build_step_batch(items, self.pool, self.model_config, self.device)
         logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
         num_sampled = len(batch.sampled_seqs)
-        rows, seqs, forks = self._choices(batch.sampled_seqs)
+        rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
         sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
         out = sample(sampled_logits, build_sampling_batch(seqs, self.model_config.vocab_size, self.device))
         return StepResult(
             sampled=list(zip(seqs, out.token_ids, out.logprobs, strict=True)),
-            scores=_prompt_scores(batch, logits[num_sampled:]),
+            scores=prompt_scores(batch, logits[num_sampled:]),
             forks=forks,
-        )
-
-    def _choices(
-        self, sampled: tuple[Sequence, ...]
-    ) -> tuple[list[int], list[Sequence], list[tuple[Sequence, list[Sequence]]]]:
-        """Each sampled row's sequence, plus new choices for the prompts that fork now (their rows repeated).
-
-        The new choices are not registered anywhere yet (``_update`` does it), so a failed step drops them.
-        """
-        rows: list[int] = []
-        seqs: list[Sequence] = []
-        forks: list[tuple[Sequence, list[Sequence]]] = []
-        for row, seq in enumerate(sampled):
-            rows.append(row)
-            seqs.append(seq)
-            if not seq.fork_pending:
-                continue
-            children = [self._new_choice(seq, index) for index in range(1, seq.params.n)]
-            forks.append((seq, children))
-            rows += [row] * len(children)
-            seqs += children
-        return rows, seqs, forks
-
-    def _new_choice(self, parent: Sequence, index: int) -> Sequence:
-        return Sequence(
-            request_id=parent.request_id,
-            prompt_token_ids=parent.prompt_token_ids,
-            params=parent.params,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, parent.params.stop),
-            eos_token_ids=parent.eos_token_ids,
-            adapter=parent.adapter,
-            tenant=parent.tenant,
-            arrival_time=parent.arrival_time,
-            index=index,
-            prompt_logprobs=parent.prompt_logprobs,  # one list for every choice: the prompt is scored once
         )
 
     def _run_each(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, StepResult, list[RequestOutput]]:
@@ -428,15 +359,3 @@ class Engine:
             tenant_counters=self.scheduler.waiting.counters(),
         )
 
-
-def _prompt_scores(batch: StepBatch, logits: torch.Tensor) -> list[tuple[Sequence, list[TokenLogprob]]]:
-    """Each scored sequence's prompt logprobs from this step's rows of ``logits`` [num_scored, vocab]."""
-    if not batch.scored:
-        return []
-    num_top = [seq.params.prompt_logprobs for seq, num_rows in batch.scored for _ in range(num_rows)]
-    entries = token_logprobs(logits, batch.scored_token_ids, num_top)
-    scores, start = [], 0
-    for seq, num_rows in batch.scored:
-        scores.append((seq, entries[start : start + num_rows]))
-        start += num_rows
-    return scores

@@ -1,13 +1,17 @@
 """The unified page pool: one tensor of pages shared by KV blocks and (from step 2) adapter weights."""
 
 import enum
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.errors import PoolExhaustedError
+
+logger = logging.getLogger(__name__)
 
 
 class OwnerKind(enum.Enum):
@@ -192,3 +196,27 @@ class PagePool:
             if page.block_hash is not None:
                 assert self._hash_to_page.get(page.block_hash) == page.page_id, page
         assert len(self._hash_to_page) == sum(p.block_hash is not None for p in self.pages)
+
+
+def make_pool(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> PagePool:
+    """The pool an engine of ``config`` gets: ``config.pool_bytes``, a share of free GPU memory, or 2 GiB on CPU."""
+    block_size = config.block_size or cfg.pick_block_size()
+    if cfg.page_elems(block_size) < cfg.widest_row:
+        logger.warning("block_size %d leaves pages narrower than the widest adapter row", block_size)
+    page_bytes = cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(dtype).bits // 8
+    budget = config.pool_bytes
+    if budget is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget = int(free * DEFAULT_GPU_MEMORY_FRACTION)
+        else:
+            budget = DEFAULT_CPU_POOL_BYTES
+    return PagePool(
+        budget // page_bytes,
+        cfg.num_layers,
+        block_size,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        dtype,
+        device,
+    )
