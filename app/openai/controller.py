@@ -27,7 +27,8 @@ from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, req
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DESCRIPTION = (
-    "With `stream: true`: `text/event-stream`, one `data: {chunk}` event per delta, ending in `data: [DONE]`; "
+    "With `stream: true`: `text/event-stream`, one `data: {chunk}` event per delta of one choice (by `index`), "
+    "ending in `data: [DONE]`; "
     "with `stream_options.include_usage`, a last chunk with `usage` and no choices."
 )
 
@@ -92,7 +93,8 @@ async def chat_completions(
     "/v1/completions",
     status_code=200,
     summary="Create a completion",
-    description="OpenAI's legacy completions; `prompt` is a string or a list of token ids. " + SSE_DESCRIPTION,
+    description="OpenAI's legacy completions; `prompt` is a string, a list of token ids, or a list of either "
+    "(several prompts, answered prompt-major then `n`). " + SSE_DESCRIPTION,
     tags=["openai"],
     before_request=strict_json(CompletionRequest),
     responses={
