@@ -2,9 +2,9 @@
 
 Order, as vLLM's sampler: logit_bias and min_tokens' bans, then the repetition, frequency and presence
 penalties (on the logits); greedy rows take the argmax there. Sampled rows are divided by their
-temperature, cut by top-k, turned into probabilities, cut by top-p and min-p, and drawn by the
-exponential race (``argmax(p / q)``, ``q ~ Exp(1)``): one draw for every row together, and a row with a
-seed draws its ``q`` from its own generator, so it gets the same tokens whatever runs beside it.
+temperature, cut by top-k, turned into probabilities, cut by top-p and min-p, and drawn by inverse CDF: one uniform
+number per row, and a row with a seed draws its number from its own generator, so it gets the same
+tokens whatever runs beside it.
 Logprobs are taken from the logits as the model gave them, before any of this.
 """
 
@@ -22,15 +22,19 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # one per row; None where the row did not ask
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """Choose one token per row of ``logits`` [num_rows, vocab] (fp32) following ``batch``."""
+    """One token per row of ``logits`` [num_rows, vocab] (fp32) following ``batch``; ``logits`` is overwritten."""
     raw = logits[list(batch.logprob_rows)] if batch.logprob_rows else None  # [num_logprob_rows, vocab], a copy
     logits = apply_logit_rules(logits, batch)  # [num_rows, vocab]
-    chosen = logits.argmax(dim=-1)  # [num_rows]
-    if not batch.all_greedy:
-        sampled = _draw(logits, batch)  # [num_rows]
-        greedy = torch.tensor([seq.params.greedy for seq in batch.seqs], device=logits.device)  # [num_rows]
-        chosen = torch.where(greedy, chosen, sampled)  # [num_rows]
+    if batch.all_greedy:
+        chosen = logits.argmax(dim=-1)  # [num_rows]
+    else:
+        greedy_rows = [row for row, seq in enumerate(batch.seqs) if seq.params.greedy]
+        greedy_ids = logits[greedy_rows].argmax(dim=-1) if greedy_rows else None  # [num_greedy]
+        chosen = _draw(logits, batch)  # [num_rows]; ``logits`` is used up
+        if greedy_ids is not None:
+            chosen[greedy_rows] = greedy_ids
     logprobs: list[TokenLogprob | None] = [None] * len(batch.seqs)
     if raw is not None:
         rows = list(batch.logprob_rows)
@@ -40,7 +44,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 
 def apply_logit_rules(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logit_bias, min_tokens' bans and the penalties; returns ``logits`` itself when no row has any."""
+    """logit_bias, min_tokens' bans and the penalties, in place; ``logits`` itself is returned."""
     if batch.logit_bias is not None:
         logits = _add_sparse(logits, batch.logit_bias)
     if batch.banned is not None:
@@ -51,23 +55,27 @@ def apply_logit_rules(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
 
 
 def _add_sparse(logits: torch.Tensor, entries: SparseLogits) -> torch.Tensor:
-    return logits.index_put((entries.rows, entries.token_ids), entries.values, accumulate=True)  # [num_rows, vocab]
+    return logits.index_put_((entries.rows, entries.token_ids), entries.values, accumulate=True)  # [num_rows, vocab]
 
 
 def _apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
-    rows = logits[penalties.rows]  # [num_penalised, vocab]
-    if penalties.repetition is not None:
-        repetition = penalties.repetition  # [num_penalised, 1]
-        scaled = torch.where(rows > 0, rows / repetition, rows * repetition)  # [num_penalised, vocab]
-        rows = torch.where(penalties.seen, scaled, rows)  # [num_penalised, vocab]
-    counts = penalties.output_counts  # [num_penalised, vocab]
-    rows = rows - penalties.frequency * counts - penalties.presence * (counts > 0)  # [num_penalised, vocab]
-    return logits.index_copy(0, penalties.rows, rows)  # [num_rows, vocab]
+    index = (penalties.rows, penalties.token_ids)
+    values = logits[index]  # [num_entries]
+    repetition = penalties.repetition  # [num_entries]; 1 leaves a value as it is
+    values = torch.where(values > 0, values / repetition, values * repetition)  # [num_entries]
+    counts = penalties.output_counts  # [num_entries]
+    values = values - penalties.frequency * counts - penalties.presence * (counts > 0)  # [num_entries]
+    return logits.index_put_(index, values)  # [num_rows, vocab]; each (row, token) pair is there once
 
 
 def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """One sampled token per row (greedy rows' results are discarded by the caller): [num_rows]."""
-    scaled = logits / batch.temperature  # [num_rows, vocab]
+    """One sampled token per row (greedy rows' results are discarded by the caller): [num_rows].
+
+    Inverse-CDF sampling: one uniform number per row, found in the row's cumulative probabilities. A
+    seeded row takes its number from its own generator (one draw, whatever the vocabulary), the others
+    from one call together; torch.multinomial and an exponential race cost 2-20 ms a row here.
+    """
+    scaled = logits.div_(batch.temperature)  # [num_rows, vocab], in place: the step's logits are not needed again
     if batch.top_k is not None:
         max_k = int(batch.top_k.max())
         top_values = scaled.topk(max_k, dim=-1).values  # [num_rows, max_k]
@@ -79,11 +87,14 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.min_p is not None:
         floor = probs.amax(dim=-1, keepdim=True) * batch.min_p  # [num_rows, 1]
         probs = probs.masked_fill(probs < floor, 0.0)
-    q = torch.empty_like(probs).exponential_()  # [num_rows, vocab]
+    uniform = torch.rand(probs.shape[0], 1)  # [num_rows, 1], on the CPU like the requests' generators
     for row in batch.seeded_rows:  # a seed is one request's own: its draw must not depend on the batch
-        own = torch.empty(q.shape[1]).exponential_(generator=batch.seqs[row].generator)  # [vocab], a CPU generator
-        q[row] = own.to(q.device)
-    return (probs / q).argmax(dim=-1)  # [num_rows]
+        uniform[row] = torch.rand(1, generator=batch.seqs[row].generator)
+    cdf = probs.cumsum_(dim=-1)  # [num_rows, vocab], in place
+    targets = uniform.to(cdf.device) * cdf[:, -1:]  # [num_rows, 1], within each row's total mass
+    # right=True: the first token whose cumulative mass passes the target, never one of probability 0.
+    token_ids = torch.searchsorted(cdf, targets, right=True).view(-1)  # [num_rows]
+    return token_ids.clamp_(max=probs.shape[1] - 1)
 
 
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

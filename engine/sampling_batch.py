@@ -4,6 +4,7 @@ Each optional part (penalties, logit_bias, min_tokens, the top-k/top-p/min-p cut
 empty when no row of the step asks for it, so a step whose requests ask for none of them pays nothing.
 """
 
+from collections import Counter
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
@@ -14,14 +15,18 @@ from engine.sequence import Sequence
 
 @dataclass(frozen=True, slots=True)
 class Penalties:
-    """Presence, frequency and repetition penalties for the rows in ``rows``."""
+    """Presence, frequency and repetition penalties, at the (row, token) pairs they touch and nowhere else.
 
-    rows: torch.Tensor  # [num_rows] int64, indices into the step's sampled rows
-    presence: torch.Tensor  # [num_rows, 1] fp32
-    frequency: torch.Tensor  # [num_rows, 1] fp32
-    output_counts: torch.Tensor  # [num_rows, vocab] fp32, how often each token was generated so far
-    repetition: torch.Tensor | None  # [num_rows, 1] fp32; None when every row's is 1
-    seen: torch.Tensor | None  # [num_rows, vocab] bool, tokens of the prompt or the output (with repetition)
+    A penalty changes only the logits of tokens a sequence has seen, so it is applied to those entries
+    (a few hundred a row) rather than to whole rows of the vocabulary.
+    """
+
+    rows: torch.Tensor  # [num_entries] int64, indices into the step's sampled rows
+    token_ids: torch.Tensor  # [num_entries] int64, each (row, token) pair once
+    output_counts: torch.Tensor  # [num_entries] fp32, how often the token was generated so far (0: prompt only)
+    presence: torch.Tensor  # [num_entries] fp32, the row's presence_penalty
+    frequency: torch.Tensor  # [num_entries] fp32, the row's frequency_penalty
+    repetition: torch.Tensor  # [num_entries] fp32, the row's repetition_penalty (1: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +80,7 @@ def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: to
         top_p=top_p,
         min_p=min_p,
         seeded_rows=tuple(row for row, seq in enumerate(seqs) if seq.generator is not None and not greedy[row]),
-        penalties=_penalties(seqs, vocab_size, device),
+        penalties=_penalties(seqs, device),
         logit_bias=_logit_bias(seqs, device),
         banned=_banned(seqs, device),
         logprob_rows=logprob_rows,
@@ -83,37 +88,35 @@ def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: to
     )
 
 
-def _penalties(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) -> Penalties | None:
-    rows = [row for row, seq in enumerate(seqs) if seq.params.has_penalties]
+def _penalties(seqs: SequenceOf[Sequence], device: torch.device) -> Penalties | None:
+    rows, token_ids, counts, presence, frequency, repetition = [], [], [], [], [], []
+    for row, seq in enumerate(seqs):
+        params = seq.params
+        if not params.has_penalties:
+            continue
+        seen = Counter(seq.output_token_ids)
+        if params.repetition_penalty != 1.0:  # the prompt's tokens count for repetition only
+            seen.update(dict.fromkeys(set(seq.prompt_token_ids).difference(seen), 0))
+        rows += [row] * len(seen)
+        token_ids += seen.keys()
+        counts += seen.values()
+        presence += [params.presence_penalty] * len(seen)
+        frequency += [params.frequency_penalty] * len(seen)
+        repetition += [params.repetition_penalty] * len(seen)
     if not rows:
         return None
-    chosen = [seqs[row] for row in rows]
-    outputs = [seq.output_token_ids for seq in chosen]
-    counts = _scatter_counts(outputs, vocab_size, device)  # [num_rows, vocab]
-    repetition = seen = None
-    if any(seq.params.repetition_penalty != 1.0 for seq in chosen):
-        repetition = torch.tensor([seq.params.repetition_penalty for seq in chosen], device=device).view(-1, 1)
-        seen = _scatter_counts([seq.token_ids for seq in chosen], vocab_size, device) > 0  # [num_rows, vocab]
+
+    def floats(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=device)  # [num_entries]
+
     return Penalties(
-        rows=torch.tensor(rows, device=device),  # [num_rows]
-        presence=torch.tensor([seq.params.presence_penalty for seq in chosen], device=device).view(-1, 1),
-        frequency=torch.tensor([seq.params.frequency_penalty for seq in chosen], device=device).view(-1, 1),
-        output_counts=counts,
-        repetition=repetition,
-        seen=seen,
+        rows=torch.tensor(rows, device=device),  # [num_entries]
+        token_ids=torch.tensor(token_ids, device=device),  # [num_entries]
+        output_counts=floats(counts),
+        presence=floats(presence),
+        frequency=floats(frequency),
+        repetition=floats(repetition),
     )
-
-
-def _scatter_counts(token_lists: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """How often each token occurs in each list: [num_lists, vocab] fp32."""
-    counts = torch.zeros(len(token_lists), vocab_size, device=device)  # [num_lists, vocab]
-    flat = [token for tokens in token_lists for token in tokens]
-    if flat:
-        lengths = torch.tensor([len(tokens) for tokens in token_lists])  # [num_lists]
-        rows = torch.repeat_interleave(torch.arange(len(token_lists)), lengths).to(device)  # [num_flat]
-        ids = torch.tensor(flat, device=device)  # [num_flat]
-        counts.index_put_((rows, ids), torch.ones(len(flat), device=device), accumulate=True)
-    return counts
 
 
 def _logit_bias(seqs: SequenceOf[Sequence], device: torch.device) -> SparseLogits | None:
