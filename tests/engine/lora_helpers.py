@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 B_STD = 0.2  # PEFT starts B at zero; a visible delta needs it filled
@@ -21,3 +21,13 @@ def make_peft_adapter(base: Path, out: Path, seed: int, **lora_kwargs) -> Path:
                 param.normal_(0.0, B_STD)
     peft_model.save_pretrained(out)
     return out
+
+
+def load_peft_model(base: Path, adapter_folders: dict[str, Path]) -> PeftModel:
+    """``base`` in fp32 with every adapter loaded under its name, in eval mode (the reference of parity tests)."""
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    names = list(adapter_folders)
+    peft_model = PeftModel.from_pretrained(model, adapter_folders[names[0]], adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.load_adapter(adapter_folders[name], adapter_name=name)
+    return peft_model.eval()

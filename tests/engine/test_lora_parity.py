@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import SamplingParams
 from tests.engine.conftest import make_engine, run_checked
-from tests.engine.lora_helpers import make_peft_adapter
+from tests.engine.lora_helpers import load_peft_model, make_peft_adapter
 
 ADAPTERS = {
     "plain": dict(r=8, target_modules=["q_proj", "v_proj"]),
@@ -55,12 +54,7 @@ def adapter_folders(base_folder: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def peft_model(base_folder: Path, adapter_folders: dict[str, Path]) -> PeftModel:
-    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
-    names = list(adapter_folders)
-    model = PeftModel.from_pretrained(base, adapter_folders[names[0]], adapter_name=names[0])
-    for name in names[1:]:
-        model.load_adapter(adapter_folders[name], adapter_name=name)
-    return model.eval()
+    return load_peft_model(base_folder, adapter_folders)
 
 
 def _peft_last_logits(model: PeftModel, prompts: list[list[int]], adapters: list[str | None]) -> torch.Tensor:
