@@ -24,6 +24,7 @@ from app.openai.schemas import (
 from engine import RequestError, SamplingParams
 
 Body = ChatCompletionRequest | CompletionRequest
+MAX_TOKEN_ID_DIGITS = 10  # token ids are int32 in the engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,8 @@ def _logit_bias(logit_bias: dict[str, float] | None, vocab_size: int) -> tuple[t
         )
     pairs = []
     for key, bias in logit_bias.items():
-        token = int(key) if key.isascii() and key.isdigit() else -1
+        # A short decimal string only: int() of thousands of digits raises (Python's conversion limit).
+        token = int(key) if key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS else -1
         if not 0 <= token < vocab_size:
             raise BadRequestError(
                 f"`logit_bias` keys must be token ids within [0, {vocab_size}) written as strings, got {key!r}.",

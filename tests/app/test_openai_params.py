@@ -35,6 +35,7 @@ BOTH_ROUTES = [
     ({"logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
     ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
     ({"logit_bias": {"999999999": 1}}, "logit_bias", "[0, 49152)"),
+    ({"logit_bias": {"9" * 5000: 1}}, "logit_bias", "token ids"),
     ({"logit_bias": MANY_BIASES}, "logit_bias", "300"),
     ({"stop_token_ids": [10**9]}, "stop_token_ids", "[0, 49152)"),
     ({"bogus": 1}, "bogus", "Unsupported parameter"),
