@@ -230,7 +230,9 @@ def _fit_choices(body: dict[str, Any], vocab_size: int) -> None:
         body["min_tokens"] = max(0, min(limits))
     if isinstance(body.get("logit_bias"), dict):
         body["logit_bias"] = {
-            str(int(key) % vocab_size) if isinstance(key, str) and key.isdigit() else key: bias
+            str(int(key) % vocab_size)
+            if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10
+            else key: bias
             for key, bias in body["logit_bias"].items()
         }
     if isinstance(body.get("stop_token_ids"), list):
