@@ -50,7 +50,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         max_tokens = seq.num_tokens - 1
-        if seq.prompt_logprobs is not None:
+        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_done:
             # Positions whose prompt logprob is still owed must run: the row at p scores token p + 1.
             max_tokens = min(max_tokens, len(seq.prompt_logprobs) - 1)
         self._extend_hashes(seq, max_tokens // self.block_size)

@@ -135,8 +135,9 @@ class Scheduler:
             self.waiting.push(child)
             self.waiting.admit(child)
             if child.adapter is not None:
-                assert self.adapters.acquire(child.adapter), "a forked choice's adapter is resident with its parent's"
-                child.holds_adapter = True
+                child.holds_adapter = self.adapters.acquire(child.adapter)  # resident: its parent holds it
+                if not child.holds_adapter:
+                    raise AssertionError(f"adapter of {child.request_id} not resident while its parent runs")
             child.status = SequenceStatus.RUNNING
             self.waiting.charge(child, 0, 1)
         self.running[position:position] = children

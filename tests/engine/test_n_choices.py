@@ -6,6 +6,7 @@ import pytest
 
 from engine import Engine, RequestError, RequestOutput, SamplingParams
 from tests.engine.conftest import check_invariants, make_engine
+from tests.engine.lora_helpers import make_peft_adapter
 
 PROMPT = [(11 * j) % 250 + 3 for j in range(200)]  # 12 full blocks of 16 and a partial one of 8
 MAX_TOKENS = 12
@@ -96,3 +97,32 @@ def test_n_larger_than_the_batch_is_refused(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, max_num_seqs=4)
     with pytest.raises(RequestError, match="max_num_seqs"):
         engine.add_request(PROMPT, SamplingParams(n=5))
+
+
+def test_choices_of_an_adapter_request_hold_the_adapter_until_each_ends(tiny_llama: Path, tmp_path: Path) -> None:
+    engine = make_engine(tiny_llama)
+    engine.add_adapter("qv", make_peft_adapter(tiny_llama, tmp_path / "qv", seed=3, r=4, target_modules=["q_proj"]))
+    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=8, ignore_eos=True)
+    finals = _run_with_adapter(engine, params)
+    entry = engine.adapters.get("qv")
+    assert entry.num_running == 0 and entry.num_requests == 0
+    engine.remove_adapter("qv")  # no choice holds it any more
+    alone = make_engine(tiny_llama)
+    alone.add_adapter("qv", tmp_path / "qv")
+    for index in range(3):
+        lone = SamplingParams(max_tokens=6, temperature=1.0, seed=8 + index, ignore_eos=True)
+        [expected] = alone.generate([PROMPT[:50]], lone, adapters=["qv"])
+        assert finals["req-0", index].token_ids == expected.token_ids
+
+
+def _run_with_adapter(engine: Engine, params: SamplingParams) -> dict[tuple[str, int], RequestOutput]:
+    engine.add_request(PROMPT[:50], params, adapter="qv")
+    finals: dict[tuple[str, int], RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id, output.index] = output
+        check_invariants(engine)
+        if engine.stats().num_running == 3:
+            assert engine.adapters.get("qv").num_running == 3
+    return finals
