@@ -9,13 +9,14 @@ before ``[DONE]``. A run that fails midway ends with an error body as the last e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgspec
 
 from app.errors import ApiError, ServiceUnavailableError
 from app.openai.replies import CompletionPiece, Reply
-from app.openai.schemas_responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion
+from app.openai.schemas_responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, Usage
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError
 
@@ -45,44 +46,59 @@ async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: C
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
 
+    def chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
+        if output.delta_text or (wants_logprobs and output.delta_token_ids):
+            yield chunk(index, ChatDelta(content=output.delta_text), None, output)
+        if output.finished:
+            yield chunk(index, ChatDelta(), output.finish_reason)
+
+    def usage_chunk(usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage)
+
     for index in range(reply.shown.n * len(reply.prompts)):
         yield chunk(index, ChatDelta(role="assistant", content=""), None)
-    last: dict[int, RequestOutput] = {}
     wants_logprobs = reply.shown.logprobs is not None
-    try:
-        async for index, output in _chain(first, outputs):
-            last[index] = output
-            if output.delta_text or (wants_logprobs and output.delta_token_ids):
-                yield chunk(index, ChatDelta(content=output.delta_text), None, output)
-            if output.finished:
-                yield chunk(index, ChatDelta(), output.finish_reason)
-    except (RequestError, EngineDeadError, ApiError) as error:
-        yield _sse_error(error)
-        return
-    finally:
-        await outputs.aclose()  # type: ignore[attr-defined]  # a client gone: abort the sequences, meter them now
-    if reply.include_usage:
-        usage = reply.usage(last)
-        yield sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage))
-    yield SSE_DONE
+    async with contextlib.aclosing(_framed(reply, first, outputs, chunks, usage_chunk)) as framed:
+        async for data in framed:  # closed at once when the client goes away: the engine aborts now
+            yield data
 
 
 async def completion_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: Choices) -> AsyncIterator[bytes]:
     pieces: dict[int, CompletionPiece] = {}
+
+    def chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
+        piece = pieces.get(index) or pieces.setdefault(index, CompletionPiece(reply, index))
+        choice = piece.chunk(output)
+        if choice is not None:
+            yield sse(Completion(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
+
+    def usage_chunk(usage: Usage) -> Completion:
+        return Completion(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage)
+
+    async with contextlib.aclosing(_framed(reply, first, outputs, chunks, usage_chunk)) as framed:
+        async for data in framed:  # closed at once when the client goes away: the engine aborts now
+            yield data
+
+
+async def _framed(
+    reply: Reply,
+    first: tuple[int, RequestOutput],
+    outputs: Choices,
+    chunks: Callable[[int, RequestOutput], Iterator[bytes]],
+    usage_chunk: Callable[[Usage], msgspec.Struct],
+) -> AsyncIterator[bytes]:
+    """Every output's ``chunks``, then the usage chunk (when asked) and ``[DONE]``; an error event ends a failed run."""
     last: dict[int, RequestOutput] = {}
     try:
         async for index, output in _chain(first, outputs):
             last[index] = output
-            piece = pieces.get(index) or pieces.setdefault(index, CompletionPiece(reply, index))
-            choice = piece.chunk(output)
-            if choice is not None:
-                yield sse(Completion(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
+            for data in chunks(index, output):
+                yield data
     except (RequestError, EngineDeadError, ApiError) as error:
         yield _sse_error(error)
         return
     finally:
         await outputs.aclose()  # type: ignore[attr-defined]  # a client gone: abort the sequences, meter them now
     if reply.include_usage:
-        usage = reply.usage(last)
-        yield sse(Completion(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage))
+        yield sse(usage_chunk(reply.usage(last)))
     yield SSE_DONE

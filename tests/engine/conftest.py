@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from app.model_store import resolve_model
+from app.settings import Settings
 from engine import Engine, EngineConfig, RequestOutput
 from engine.page_pool import OwnerKind
 from engine.scheduler import SchedulerOutput
@@ -19,6 +21,15 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("default", marks=pytest.mark.default_model)])
+def base_folder(request: pytest.FixtureRequest) -> Path:
+    """The tiny random Llama, then the real default model: parity tests run on both."""
+    if request.param == "tiny":
+        return request.getfixturevalue("tiny_llama")
+    settings = Settings.from_env()
+    return resolve_model(settings.model, settings.home)
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,6 @@ import pytest
 import torch
 from peft import PeftModel
 
-from app.model_store import resolve_model
-from app.settings import Settings
 from engine import Engine, RequestOutput, SamplingParams
 from tests.engine.conftest import check_invariants, make_engine
 from tests.engine.lora_helpers import load_peft_model, make_peft_adapter
@@ -24,14 +22,6 @@ MAX_TOKENS = 6
 NUM_TOP = 4
 ABS_TOL = 1e-3  # the bound on a logprob's difference
 POOL_BYTES = 256 * 1024**2
-
-
-@pytest.fixture(scope="module", params=["tiny", pytest.param("default", marks=pytest.mark.default_model)])
-def base_folder(request: pytest.FixtureRequest) -> Path:
-    if request.param == "tiny":
-        return request.getfixturevalue("tiny_llama")
-    settings = Settings.from_env()
-    return resolve_model(settings.model, settings.home)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ import pytest
 import torch
 from peft import PeftModel
 
-from app.model_store import resolve_model
-from app.settings import Settings
 from engine import SamplingParams
 from tests.engine.conftest import make_engine, run_checked
 from tests.engine.lora_helpers import load_peft_model, make_peft_adapter
@@ -31,16 +29,6 @@ ROW_ADAPTERS = ["plain", "rslora_all", None, "patterns", "mlp_r2"]
 MAX_TOKENS = 10
 POOL_BYTES = 256 * 1024**2
 REL_TOL = 1e-4  # of the row's largest logit: fp32 sums in another order differ by ~1e-6 of it per layer
-
-
-@pytest.fixture(
-    scope="module", params=["tiny", pytest.param("default", marks=pytest.mark.default_model)]
-)
-def base_folder(request: pytest.FixtureRequest) -> Path:
-    if request.param == "tiny":
-        return request.getfixturevalue("tiny_llama")
-    settings = Settings.from_env()
-    return resolve_model(settings.model, settings.home)
 
 
 @pytest.fixture(scope="module")
