@@ -57,6 +57,7 @@ def _new_choice(parent: Sequence, index: int, tokenizer: PreTrainedTokenizerBase
         tenant=parent.tenant,
         arrival_time=parent.arrival_time,
         index=index,
+        num_cached_tokens=parent.num_cached_tokens,  # the prompt's cache hits are every choice's
         prompt_logprobs=parent.prompt_logprobs,  # one list for every choice: the prompt is scored once
     )
 

@@ -13,6 +13,7 @@ from app.engine_client import EngineClient
 from app.openai import logprobs as shaping
 from app.openai.params import Shown
 from app.openai.prompts import Prompt
+from app.openai.runs import num_cached_prompt_tokens
 from app.openai.schemas_responses import (
     AssistantMessage,
     ChatChoice,
@@ -50,18 +51,14 @@ class Reply:
         return prompt.text if prompt.text is not None else self.engine.decode(prompt.token_ids)
 
     def usage(self, last: dict[int, RequestOutput]) -> Usage:
-        """Every prompt once, every choice's completion; cached tokens per prompt, the most any of its choices saw."""
+        """Every prompt once, every choice's completion, and the prompts' cached tokens (the usage row's counts)."""
         num_prompt = sum(len(prompt.token_ids) for prompt in self.prompts)
         num_completion = sum(len(output.token_ids) for output in last.values())
-        cached: dict[int, int] = {}
-        for choice, output in last.items():
-            prompt_i = choice // self.shown.n
-            cached[prompt_i] = max(cached.get(prompt_i, 0), output.num_cached_tokens)
         return Usage(
             prompt_tokens=num_prompt,
             completion_tokens=num_completion,
             total_tokens=num_prompt + num_completion,
-            prompt_tokens_details={"cached_tokens": sum(cached.values())},
+            prompt_tokens_details={"cached_tokens": num_cached_prompt_tokens(last, self.shown.n)},
         )
 
     def chat_logprobs(self, output: RequestOutput, *, delta: bool) -> ChatLogprobs | None:

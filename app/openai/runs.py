@@ -79,13 +79,6 @@ class Meter:
     def num_completion_tokens(self) -> int:
         return sum(len(output.token_ids) for output in self.last.values())
 
-    def num_cached_tokens(self, n: int) -> int:
-        """Cached prompt tokens, each prompt counted once (its choices share it)."""
-        per_prompt: dict[int, int] = {}
-        for index, output in self.last.items():
-            prompt_i = index // n
-            per_prompt[prompt_i] = max(per_prompt.get(prompt_i, 0), output.num_cached_tokens)
-        return sum(per_prompt.values())
 
     def finish_reason(self) -> str | None:
         reasons = [output.finish_reason for _, output in sorted(self.last.items())]
@@ -93,6 +86,11 @@ class Meter:
             if reason in reasons:
                 return reason
         return reasons[0] if reasons else None
+
+
+def num_cached_prompt_tokens(last: dict[int, RequestOutput], n: int) -> int:
+    """Prompt tokens served from the prefix cache, each prompt once: its first choice's (its choices share it)."""
+    return sum(output.num_cached_tokens for index, output in last.items() if index % n == 0)
 
 
 async def metered_outputs(
@@ -188,7 +186,7 @@ def _record(
             adapter_id=run.model.adapter_id,
             model=run.model.name,
             prompt_tokens=num_prompt,
-            cached_prompt_tokens=meter.num_cached_tokens(run.submissions[0].params.n),
+            cached_prompt_tokens=num_cached_prompt_tokens(meter.last, run.submissions[0].params.n),
             completion_tokens=num_completion,
             status=status,
             finish_reason=finish_reason,

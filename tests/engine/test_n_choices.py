@@ -126,3 +126,10 @@ def _run_with_adapter(engine: Engine, params: SamplingParams) -> dict[tuple[str,
         if engine.stats().num_running == 3:
             assert engine.adapters.get("qv").num_running == 3
     return finals
+
+
+def test_every_choice_reports_the_prompts_cache_hits(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama)
+    _run(engine, [(PROMPT, SamplingParams(max_tokens=1, temperature=0.0))])  # the prompt's full blocks are cached
+    finals = _run(engine, [(PROMPT, SamplingParams(n=3, max_tokens=3, temperature=0.0))])
+    assert [finals["req-1", i].num_cached_tokens for i in range(3)] == [192, 192, 192]  # 12 full blocks of 16
