@@ -68,3 +68,18 @@ async def test_openapi_schema_documents_every_route_with_examples(gateway_settin
                 for media_type, content in response.get("content", {}).items():
                     if media_type == "application/json":
                         assert has_example(content), f"{where}: {status} response without an example"
+
+
+async def test_openapi_schema_shows_the_sampling_and_logprob_parameters(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, _):
+        schema = (await client.get("/schema/openapi.json")).json()
+    components = schema["components"]["schemas"]
+    shared = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
+              "top_k", "stop_token_ids", "ignore_eos", "best_of", "seed"}
+    wanted = {
+        "ChatCompletionRequest": shared | {"logprobs", "top_logprobs", "store", "metadata", "service_tier"},
+        "CompletionRequest": shared | {"logprobs", "echo", "prompt_logprobs", "suffix"},
+    }
+    for name, params in wanted.items():
+        (key,) = [key for key in components if key.rsplit(".", 1)[-1].rsplit("_", 1)[-1] == name]
+        assert params <= set(components[key]["properties"]), params - set(components[key]["properties"])
