@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from engine import Engine, EngineConfig, EngineStats, RequestOutput, SamplingParams
+from engine import Engine, EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,10 @@ class EngineClient(Protocol):
 
     def abort_all(self) -> None:
         """End every request in flight now; their output streams end with finish reason "abort"."""
+        ...
+
+    async def check_constraint(self, constraint: GrammarConstraint) -> None:
+        """Compile a structured-output constraint off the event loop (cached); GrammarError says why it cannot be."""
         ...
 
     async def validate_adapter(self, path: Path) -> AdapterInfo: ...
@@ -175,6 +179,9 @@ class LocalEngineClient:
 
     def abort_all(self) -> None:
         self.engine.abort_all()
+
+    async def check_constraint(self, constraint: GrammarConstraint) -> None:
+        await self.engine.compile_grammar(constraint)
 
     async def validate_adapter(self, path: Path) -> AdapterInfo:
         """Check a PEFT folder against the base model without registering it (AdapterError if unusable)."""

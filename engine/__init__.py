@@ -3,6 +3,7 @@
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, PoolExhaustedError, RequestError, RequestFailedError
+from engine.grammar import GrammarConstraint, GrammarError, GrammarKind
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -12,6 +13,9 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineStats",
+    "GrammarConstraint",
+    "GrammarError",
+    "GrammarKind",
     "PoolExhaustedError",
     "RequestError",
     "RequestFailedError",

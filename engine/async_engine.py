@@ -12,12 +12,16 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError, RequestFailedError
+from engine.grammar import GrammarConstraint
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import xgrammar
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ class _Submit:
     adapter: str | None
     tenant: str | None
     sink: "_Sink"
+    grammar: "xgrammar.CompiledGrammar | None"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,9 @@ class AsyncEngine:
         if request_id is None:
             self._ids += 1
             request_id = f"async-{self._ids}"
+        grammar = None if params.constraint is None else await self.compile_grammar(params.constraint)
         sink = _Sink(asyncio.get_running_loop())
-        self._inbox.put(_Submit(request_id, prompt, params, adapter, tenant, sink))
+        self._inbox.put(_Submit(request_id, prompt, params, adapter, tenant, sink, grammar))
         self._wake.set()
         finished = False
         try:
@@ -162,6 +168,10 @@ class AsyncEngine:
         self._inbox.put(_Call(fn, future, loop))
         self._wake.set()
         return await future
+
+    async def compile_grammar(self, constraint: GrammarConstraint) -> "xgrammar.CompiledGrammar":
+        """Compile ``constraint`` in a worker thread (a cache hit if compiled before); GrammarError if invalid."""
+        return await asyncio.to_thread(self.engine.grammars.compile, constraint)
 
     async def add_adapter(self, name: str, path: str | Path) -> str:
         """Validate a PEFT folder off the step thread, then register it between steps; its digest."""
@@ -221,7 +231,7 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    command.prompt, command.params, command.request_id, command.adapter, command.tenant
+                    command.prompt, command.params, command.request_id, command.adapter, command.tenant, command.grammar
                 )
             except EngineError as error:
                 command.sink.put(error)

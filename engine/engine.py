@@ -5,6 +5,7 @@ import logging
 import math
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoTokenizer
@@ -14,6 +15,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, PoolExhaustedError, RequestError
 from engine.fair_queue import FairQueue
+from engine.grammar import GrammarCompiler, GrammarState
 from engine.host_memory import keep_large_buffers_in_heap
 from engine.kv_cache_manager import KVCacheManager
 from engine.lora_adapter import LoraAdapter, load_lora_adapter
@@ -30,6 +32,9 @@ from engine.step_batch import build_step_batch
 from engine.step_result import StepResult, fork_choices, prompt_scores
 from engine.token_bytes import TokenBytes
 from engine.weights import load_weights
+
+if TYPE_CHECKING:
+    import xgrammar
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +72,7 @@ class Engine:
         self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         )
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids))
         self._requests: dict[str, list[Sequence]] = {}  # every choice of each unfinished request
         self._ids = itertools.count()
         self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
@@ -115,11 +121,14 @@ class Engine:
         request_id: str | None = None,
         adapter: str | None = None,
         tenant: str | None = None,
+        grammar: "xgrammar.CompiledGrammar | None" = None,
     ) -> str:
         """Queue a request (text, or token ids) and return its id.
 
         ``tenant`` names whose share of the engine the request uses (the fair policy serves tenants,
-        not requests, fairly); None puts it with every other request that names none.
+        not requests, fairly); None puts it with every other request that names none. ``grammar`` is
+        ``params.constraint`` compiled by ``self.grammars`` ahead of time (AsyncEngine does it in a worker
+        thread); without it the constraint is compiled here, on the caller's thread.
         """
         entry = self.adapters.get(adapter) if adapter is not None else None
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -148,6 +157,8 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        if params.constraint is not None and grammar is None:
+            grammar = self.grammars.compile(params.constraint)
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -157,6 +168,7 @@ class Engine:
             adapter=entry,
             tenant=DEFAULT_TENANT if tenant is None else tenant,
             fork_pending=params.n > 1,
+            grammar=GrammarState(grammar) if params.constraint is not None else None,
         )
         if entry is not None:
             entry.num_requests += 1

@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.errors import RequestError
+from engine.grammar import GrammarConstraint
 
 MAX_LOGPROBS = 20  # OpenAI's most top_logprobs per token
 MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
@@ -49,6 +50,8 @@ class SamplingParams:
     """None: none; k: every prompt token's log-probability (the first has none) and k alternatives (0..20)."""
     n: int = 1
     """Choices to generate from one prompt; they share the prompt's KV blocks."""
+    constraint: GrammarConstraint | None = None
+    """Structured output: the text must match it (JSON schema, any object, regex, choice) and ends when complete."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +90,8 @@ class SamplingParams:
             raise RequestError(f"n must be at least 1, got {self.n}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.constraint is not None and self.min_tokens:
+            raise RequestError("min_tokens cannot be combined with structured output: its grammar decides the end")
 
     @property
     def greedy(self) -> bool:
@@ -100,4 +105,4 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         """Whether anything but temperature and the top-k/top-p/min-p cuts touches the logits."""
-        return self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0
+        return self.has_penalties or bool(self.logit_bias) or self.min_tokens > 0 or self.constraint is not None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar import GrammarState
 from engine.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
@@ -60,6 +61,7 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None  # per output token, when params.logprobs is set
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token so far, when asked
     prompt_logprobs_done: bool = False  # every prompt token's logprob is in prompt_logprobs
+    grammar: GrammarState | None = None  # structured output: where the output is in its grammar
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -101,6 +103,9 @@ class Sequence:
         stopped_by_token = token_id in params.stop_token_ids or (
             not params.ignore_eos and token_id in self.eos_token_ids
         )
+        # The grammar is complete once it took its end-of-sequence token, which ends the output even with ignore_eos.
+        grammar_complete = self.grammar is not None and self.grammar.accept(token_id)
+        stopped_by_token = stopped_by_token or grammar_complete
         delta = self.detokenizer.push(token_id, is_stop_token=stopped_by_token)
         if stopped_by_token or self.detokenizer.stopped:
             self.finish_reason = FinishReason.STOP

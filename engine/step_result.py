@@ -59,6 +59,7 @@ def _new_choice(parent: Sequence, index: int, tokenizer: PreTrainedTokenizerBase
         index=index,
         num_cached_tokens=parent.num_cached_tokens,  # the prompt's cache hits are every choice's
         prompt_logprobs=parent.prompt_logprobs,  # one list for every choice: the prompt is scored once
+        grammar=parent.grammar.fresh() if parent.grammar is not None else None,  # forked before any output token
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine_client import AdapterInfo
-from engine import EngineStats, RequestOutput, SamplingParams
+from engine import EngineStats, GrammarConstraint, GrammarError, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
 from engine.logprobs import TokenLogprob
 
@@ -120,6 +120,9 @@ class InstantEngine:
 
     def abort_all(self) -> None:
         """Nothing to end: every reply is complete the moment it starts."""
+
+    async def check_constraint(self, constraint: GrammarConstraint) -> None:
+        raise GrammarError("structured output needs a tokenizer, and the instant engine has none; serve a real model")
 
     async def validate_adapter(self, path: Path) -> AdapterInfo:
         return AdapterInfo(
