@@ -1,7 +1,8 @@
 """Next-token choice for every sampled row of a step at once, and the logprobs the rows asked for.
 
 Order, as vLLM's sampler: logit_bias and min_tokens' bans, then the repetition, frequency and presence
-penalties (on the logits); greedy rows take the argmax there. Sampled rows are divided by their
+penalties (on the logits), then the grammar mask of structured output (-inf wherever a row's grammar
+forbids the token); greedy rows take the argmax there. Sampled rows are divided by their
 temperature, cut by top-k, turned into probabilities, cut by top-p and min-p, and drawn by inverse CDF: one uniform
 number per row, and a row with a seed draws its number from its own generator, so it gets the same
 tokens whatever runs beside it.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar_mask import apply_grammar_mask
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampling_batch import Penalties, SamplingBatch, SparseLogits
 
@@ -44,13 +46,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 
 def apply_logit_rules(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logit_bias, min_tokens' bans and the penalties, in place; ``logits`` itself is returned."""
+    """logit_bias, min_tokens' bans, the penalties and the grammar mask, in place; ``logits`` itself is returned."""
     if batch.logit_bias is not None:
         logits = _add_sparse(logits, batch.logit_bias)
     if batch.banned is not None:
         logits = _add_sparse(logits, batch.banned)
     if batch.penalties is not None:
         logits = _apply_penalties(logits, batch.penalties)
+    if batch.grammar is not None:
+        logits = apply_grammar_mask(logits, batch.grammar)
     return logits
 
 

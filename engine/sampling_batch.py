@@ -1,6 +1,6 @@
 """The sampler's per-step input: every sampled row's rules as tensors, built once per step.
 
-Each optional part (penalties, logit_bias, min_tokens, the top-k/top-p/min-p cuts, logprobs) is None or
+Each optional part (penalties, logit_bias, min_tokens, grammars, the top-k/top-p/min-p cuts, logprobs) is None or
 empty when no row of the step asks for it, so a step whose requests ask for none of them pays nothing.
 """
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar_mask import GrammarMask, build_grammar_mask
 from engine.sequence import Sequence
 
 
@@ -50,6 +51,7 @@ class SamplingBatch:
     penalties: Penalties | None
     logit_bias: SparseLogits | None
     banned: SparseLogits | None  # min_tokens not reached: end-of-sequence and stop token ids
+    grammar: GrammarMask | None  # structured output: the tokens each constrained row's grammar allows next
     logprob_rows: tuple[int, ...]  # rows whose token's logprob is returned
     num_top_logprobs: tuple[int, ...]  # per logprob row, alternatives asked for
 
@@ -83,6 +85,7 @@ def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: to
         penalties=_penalties(seqs, device),
         logit_bias=_logit_bias(seqs, device),
         banned=_banned(seqs, device),
+        grammar=build_grammar_mask(seqs, vocab_size, device),
         logprob_rows=logprob_rows,
         num_top_logprobs=tuple(params[row].logprobs for row in logprob_rows),
     )
