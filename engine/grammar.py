@@ -37,7 +37,7 @@ class GrammarError(RequestError):
 
 
 class GrammarKind(enum.StrEnum):
-    JSON_SCHEMA = "json_schema"  # text: the schema's JSON, keys sorted
+    JSON_SCHEMA = "json_schema"  # text: the schema's compact JSON, keys in their order (it orders the output's)
     JSON_OBJECT = "json_object"  # any JSON object; text is empty
     REGEX = "regex"  # text: the pattern
     CHOICE = "choice"  # one of ``choices``, exactly
@@ -61,7 +61,8 @@ class GrammarConstraint:
                 raise GrammarError(f"the JSON schema is not valid JSON: {error}") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
-        return cls(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        # Not sorted: the order of ``properties`` is the order the output writes them in.
+        return cls(GrammarKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
 
     @classmethod
     def json_object(cls) -> GrammarConstraint:
