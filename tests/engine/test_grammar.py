@@ -20,8 +20,8 @@ from tests.engine.test_n_choices import TINY_PAGE_BYTES
 PROMPTS = [[(13 * i + 7 * j) % 240 + 3 for j in range(20 + 9 * i)] for i in range(4)]
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "size": {"enum": ["small", "medium", "large"]}},
-    "required": ["name", "size"],
+    "properties": {"size": {"enum": ["small", "medium", "large"]}, "name": {"type": "string"}},  # not sorted
+    "required": ["size", "name"],
 }
 CHOICES = ("alpha", "beta gamma", 'say "hi"\n', "ünïcode")
 DIGITS = r"[0-9]{2,5}-[a-z]{1,4}"
@@ -45,7 +45,7 @@ def _compiler(folder: Path) -> GrammarCompiler:
 def test_the_mask_equals_xgrammars_reference_on_random_logits(tiny_llama: Path) -> None:
     compiler = _compiler(tiny_llama)
     vocab = compiler.vocab_size
-    prefixes = ['{"name": "a', '{"name": "bo", "size": "', "", '{"name": "", "size": "large"}']
+    prefixes = ['{"size": "sm', '{"size": "large", "name": "', "", '{"size": "large", "name": "x"}']
     states = []
     for prefix in prefixes:
         state = GrammarState(compiler.compile(GrammarConstraint.json_schema(SCHEMA)))
@@ -138,6 +138,7 @@ def test_constrained_rows_match_and_leave_the_unconstrained_rows_alone(tiny_llam
     for output in (regex_0, regex_1):
         assert output.finish_reason == "stop" and re.fullmatch(DIGITS, output.text), output.text
     assert len(schema.logprobs) == len(schema.token_ids)
+    assert schema.text.startswith('{"size": "'), "the properties come in the schema's order"
     for output in (schema, any_object):
         if output.finish_reason == "stop":
             json.loads(output.text)
