@@ -35,7 +35,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
-from engine.lora_config import projection_shapes
+from engine.lora_config import module_key, projection_shapes
 
 logger = logging.getLogger("bench_lora")
 
@@ -45,8 +45,10 @@ ADAPTER_COUNTS = (1, 16, 128, 512)
 WEIGHT_STD = 0.02
 
 
-def write_synthetic_adapter(folder: Path, model: ModelConfig, rank: int, seed: int) -> Path:
-    """A PEFT LoRA folder with random weights for ``model`` (what PEFT's save_pretrained writes)."""
+def write_synthetic_adapter(
+    folder: Path, model: ModelConfig, rank: int, seed: int, targets: tuple[str, ...] = TARGETS
+) -> Path:
+    """A PEFT LoRA folder with random weights for ``model`` on ``targets`` (what PEFT's save_pretrained writes)."""
     if (folder / "adapter_model.safetensors").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,16 +56,16 @@ def write_synthetic_adapter(folder: Path, model: ModelConfig, rank: int, seed: i
     shapes = projection_shapes(model)
     tensors = {}
     for layer in range(model.num_layers):
-        for module in TARGETS:
+        for module in targets:
             in_dim, out_dim = shapes[module]
-            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            prefix = f"base_model.model.{module_key(layer, module)}"
             a = torch.randn(rank, in_dim, generator=generator) * WEIGHT_STD  # [rank, in]
             b = torch.randn(out_dim, rank, generator=generator) * WEIGHT_STD  # [out, rank]
             tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
             tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS), "bias": "none", "lora_dropout": 0.0, "use_rslora": False,
+        "target_modules": list(targets), "bias": "none", "lora_dropout": 0.0, "use_rslora": False,
         "use_dora": False, "modules_to_save": None, "fan_in_fan_out": False, "init_lora_weights": True,
         "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
     }
