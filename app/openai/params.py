@@ -21,7 +21,7 @@ from app.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from engine import RequestError, SamplingParams
+from engine import GrammarConstraint, RequestError, SamplingParams
 
 Body = ChatCompletionRequest | CompletionRequest
 MAX_TOKEN_ID_DIGITS = 10  # token ids are int32 in the engine
@@ -67,7 +67,9 @@ def shown(body: Body) -> Shown:
     )
 
 
-def sampling_params(body: Body, prompt_lens: list[int], limits: Limits) -> list[SamplingParams]:
+def sampling_params(
+    body: Body, prompt_lens: list[int], limits: Limits, constraint: GrammarConstraint | None = None
+) -> list[SamplingParams]:
     """The engine's sampling params for each prompt (they differ only in ``max_tokens`` when it defaults)."""
     _check_choices(body, limits.max_n)
     _check_logprobs(body)
@@ -99,6 +101,7 @@ def sampling_params(body: Body, prompt_lens: list[int], limits: Limits) -> list[
         "ignore_eos": bool(body.ignore_eos),
         "logprobs": what.logprobs,
         "n": what.n,
+        "constraint": constraint,
     }
     params = [_with_max_tokens(body, num_prompt, limits.max_model_len, fields) for num_prompt in prompt_lens]
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from app.engine_client import EngineClient
 from app.errors import BadRequestError, ServiceUnavailableError
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.tools import ToolPlan, render_messages
 
 OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
 
@@ -31,7 +32,7 @@ class Prompt:
     text: str | None = None
 
 
-async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> list[int]:
+async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient, plan: ToolPlan | None = None) -> list[int]:
     if not body.messages:
         raise BadRequestError("`messages` must hold at least one message.", param="messages")
     _refuse_before_loaded(engine)
@@ -41,7 +42,7 @@ async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient) -> 
             f"one, so {len(body.messages)} messages cannot fit. Please send fewer messages.",
             param="messages",
         )
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    messages = render_messages(body, plan)
     # Stripped: a chat template may trim what surrounds a message's content.
     num_chars = sum(len(m["content"].strip()) for m in messages)
     _refuse_text_beyond_context(num_chars, engine, "messages")

@@ -24,6 +24,7 @@ from app.openai.schemas_responses import (
     CompletionLogprobs,
     Usage,
 )
+from app.openai.tools import ToolPlan
 from engine import RequestOutput
 from engine.logprobs import TokenLogprob
 
@@ -39,6 +40,7 @@ class Reply:
     prompts: list[Prompt]
     engine: EngineClient
     include_usage: bool = False
+    tool_plan: ToolPlan | None = None  # chat whose answer is tool calls
 
     def prompt_of(self, choice: int) -> Prompt:
         return self.prompts[choice // self.shown.n]
@@ -69,17 +71,24 @@ class Reply:
 
 
 def chat_completion(reply: Reply, last: dict[int, RequestOutput]) -> ChatCompletion:
-    choices = [
-        ChatChoice(
-            index=index,
-            message=AssistantMessage(role="assistant", content=output.text),
-            finish_reason=output.finish_reason,
-            logprobs=reply.chat_logprobs(output, delta=False),
-        )
-        for index, output in sorted(last.items())
-    ]
+    choices = []
+    for index, output in sorted(last.items()):
+        message, finish_reason = assistant_message(reply.tool_plan, output)
+        logprobs = reply.chat_logprobs(output, delta=False)
+        choices.append(ChatChoice(index=index, message=message, finish_reason=finish_reason, logprobs=logprobs))
     usage = reply.usage(last)
     return ChatCompletion(id=reply.id, created=reply.created, model=reply.model, choices=choices, usage=usage)
+
+
+def assistant_message(plan: ToolPlan | None, output: RequestOutput) -> tuple[AssistantMessage, str | None]:
+    """A choice's message and finish reason: its text, or its tool calls when the text is a complete call.
+
+    A call cut by ``max_tokens`` is not a call: its text comes back as content, with finish reason ``length``.
+    """
+    calls = plan.calls(output.text) if plan is not None and output.finish_reason == "stop" else None
+    if plan is None or calls is None:
+        return AssistantMessage(role="assistant", content=output.text), output.finish_reason
+    return AssistantMessage(role="assistant", content=None, tool_calls=calls), plan.finish_reason
 
 
 def completion(reply: Reply, last: dict[int, RequestOutput]) -> Completion:

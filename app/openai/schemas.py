@@ -2,7 +2,7 @@
 
 Requests forbid unknown fields, so a parameter this server does not know is a 400 naming it rather than
 being silently ignored. Every parameter OpenAI's reference defines for these two endpoints is a field:
-those whose value asks for something this server lacks (``store: true``, tools, audio...) are refused by
+those whose value asks for something this server lacks (``store: true``, audio...) are refused by
 app/openai/unsupported.py with a 400 that says so.
 
 The limits on values (``temperature`` within [0, 2], ``n`` up to LORAPLEX_MAX_N...) are checked in
@@ -60,7 +60,7 @@ PROMPT_SCHEMA: dict[str, Any] = {
         {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": DEFAULT_MAX_PROMPTS},
     ],
 }
-TOOLS_LATER = "Tools are not supported yet: only no tools."
+TOOL_NAME = {"pattern": "^[a-zA-Z0-9_-]{1,64}$"}
 StopText = Annotated[str, _documented(minLength=1)]
 Penalty = Annotated[float, _documented(minimum=-MAX_ABS_PENALTY, maximum=MAX_ABS_PENALTY)]
 NumLogprobs = Annotated[int, _documented(minimum=0, maximum=MAX_LOGPROBS)]
@@ -78,15 +78,68 @@ class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
     text: str
 
 
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    """A call the assistant made earlier in the conversation."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall] | None, Meta(description="An assistant's earlier calls.")] = None
+    tool_call_id: Annotated[str | None, Meta(description="A `tool` message: the call it answers.")] = None
+    refusal: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, _documented(**TOOL_NAME)]
+    description: str | None = None
+    parameters: Annotated[
+        dict[str, Any] | None, Meta(description="A JSON schema of the arguments object; none: no arguments.")
+    ] = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``: exactly one of ``json``, ``regex`` and ``choice``."""
+
+    json: Annotated[
+        dict[str, Any] | str | None, Meta(description="A JSON schema (object or its text) the output must match.")
+    ] = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: _null_only("EBNF grammars are not offered; use json, regex or choice.") = None
+    structural_tag: _null_only("structural tags are not offered; use json, regex or choice.") = None
 
 
 class _SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -135,12 +188,23 @@ class _SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stop_token_ids: list[Annotated[int, _documented(minimum=0, maximum=MAX_TOKEN_ID - 1)]] | None = None
     ignore_eos: bool | None = None
     best_of: Annotated[int, _documented(minimum=1, description="Only null or equal to `n`.")] | None = None
+    structured_outputs: Annotated[
+        StructuredOutputs | None,
+        Meta(description="vLLM's structured output: exactly one of `json`, `regex`, `choice`."),
+    ] = None
     use_beam_search: Annotated[bool, _documented(const=False, description="Beam search is not offered.")] | None = None
 
 
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, _documented(**TOOL_NAME)]
+    schema: Annotated[dict[str, Any] | None, Meta(description="The JSON schema; none: any JSON object.")] = None
+    strict: bool | None = None
+    description: str | None = None
+
+
 class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
-    type: Annotated[str, _documented(enum=["text"], description="Only text for now.")]
-    json_schema: _null_only("structured output is not supported yet.") = None
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Annotated[JsonSchemaFormat | None, Meta(description="With type `json_schema` only.")] = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -166,11 +230,14 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     verbosity: _null_only("the model's verbosity cannot be set.") = None
     web_search_options: _null_only("web search is not offered.") = None
     response_format: ResponseFormat | None = None
-    tools: Annotated[list[dict[str, Any]], _documented(maxItems=0, description=TOOLS_LATER)] | None = None
-    tool_choice: Annotated[Any, _documented(enum=["none", "auto", None], description=TOOLS_LATER)] = None
+    tools: Annotated[list[Tool] | None, Meta(description="Function tools (see tool_choice).")] = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | NamedToolChoice | None,
+        Meta(description="`required` or a named function: constrained calls; `auto` is refused (see README)."),
+    ] = None
     parallel_tool_calls: bool | None = None
-    functions: Annotated[list[dict[str, Any]], _documented(maxItems=0)] | None = None
-    function_call: Annotated[Any, _documented(enum=["none", "auto", None])] = None
+    functions: Annotated[list[dict[str, Any]], _documented(maxItems=0, description="Use `tools`.")] | None = None
+    function_call: Annotated[Any, _documented(enum=["none", "auto", None], description="Use `tool_choice`.")] = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):

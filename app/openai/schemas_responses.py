@@ -63,9 +63,30 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 """Per prompt token (the first is null): its token id and the alternatives' ids, each to its entry."""
 
 
-class AssistantMessage(msgspec.Struct):
+class ResponseFunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # the arguments object as JSON text
+
+
+class ResponseToolCall(msgspec.Struct):
+    id: str
+    function: ResponseFunctionCall
+    type: Literal["function"] = "function"
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A streamed call: the first delta of call ``index`` has its id, type and name; ``arguments`` follow."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: dict[str, str] | None = None
+
+
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the answer is tool calls
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -88,6 +109,7 @@ class ChatCompletion(msgspec.Struct):
 class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

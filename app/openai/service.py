@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.adapters.resolver import ModelResolver
 from app.engine_client import EngineClient
@@ -19,9 +19,10 @@ from app.openai.replies import Reply
 from app.openai.runs import Run, Submission, metered_outputs
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
+from app.openai.structured import output_constraint
 from app.openai.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
 from app.usage.writer import UsageWriter
-from engine import RequestOutput
+from engine import GrammarConstraint, GrammarError, RequestOutput
 from engine.errors import EngineDeadError, RequestError, UnknownAdapterError
 
 OWNED_BY_SYSTEM = "loraplex"
@@ -50,9 +51,10 @@ class OpenAIService:
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
         refuse_unsupported_chat(body)
-        prompts = [Prompt(await chat_prompt_ids(body, self.engine))]
-        first, outputs = await self._start(principal, body, prompts, request_id, "chat.completions")
-        reply = self._reply(f"chatcmpl-{request_id}", body, prompts)
+        constraint, plan, param = output_constraint(body)
+        prompts = [Prompt(await chat_prompt_ids(body, self.engine, plan))]
+        first, outputs = await self._start(principal, body, prompts, request_id, "chat.completions", constraint, param)
+        reply = replace(self._reply(f"chatcmpl-{request_id}", body, prompts), tool_plan=plan)
         if body.stream:
             return streams.chat_stream(reply, first, outputs)
         return replies.chat_completion(reply, await _last_outputs(first, outputs, body.model))
@@ -61,8 +63,9 @@ class OpenAIService:
         self, principal: Principal, body: CompletionRequest, request_id: str
     ) -> Completion | AsyncIterator[bytes]:
         refuse_unsupported_completion(body)
+        constraint, _, param = output_constraint(body)
         prompts = await completion_prompts(body, self.engine, self.max_prompts)
-        first, outputs = await self._start(principal, body, prompts, request_id, "completions")
+        first, outputs = await self._start(principal, body, prompts, request_id, "completions", constraint, param)
         reply = self._reply(f"cmpl-{request_id}", body, prompts)
         if body.stream:
             return streams.completion_stream(reply, first, outputs)
@@ -80,9 +83,11 @@ class OpenAIService:
         prompts: list[Prompt],
         request_id: str,
         endpoint: str,
+        constraint: GrammarConstraint | None = None,
+        constraint_param: str = "",
     ) -> tuple[tuple[int, RequestOutput], Choices]:
         """Resolve, check, admit and submit the run; its first output and the metered stream of the rest."""
-        run = await self._prepare(principal, body, prompts, request_id, endpoint)
+        run = await self._prepare(principal, body, prompts, request_id, endpoint, constraint, constraint_param)
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
         try:
             return await _first_output(outputs, body.model), outputs
@@ -97,12 +102,20 @@ class OpenAIService:
         prompts: list[Prompt],
         request_id: str,
         endpoint: str,
+        constraint: GrammarConstraint | None,
+        constraint_param: str,
     ) -> Run:
         if not self.engine.is_ready():
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
         model = await self.resolver.resolve(principal.tenant_id, body.model)
         limits = request_params.Limits(self.engine.max_model_len, self.engine.vocab_size, self.max_n)
-        params = request_params.sampling_params(body, [len(prompt.token_ids) for prompt in prompts], limits)
+        prompt_lens = [len(prompt.token_ids) for prompt in prompts]
+        params = request_params.sampling_params(body, prompt_lens, limits, constraint)
+        if constraint is not None:  # compiled off the loop before admission: a bad schema costs no quota
+            try:
+                await self.engine.check_constraint(constraint)
+            except GrammarError as error:
+                raise BadRequestError(f"`{constraint_param}`: {error}.", param=constraint_param) from None
         num_prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
         num_completion_tokens = sum(p.n * p.max_tokens for p in params)  # every choice may run to max_tokens
         admission = await self.limiter.admit(principal, num_prompt_tokens, num_completion_tokens)

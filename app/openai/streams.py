@@ -15,8 +15,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import msgspec
 
 from app.errors import ApiError, ServiceUnavailableError
-from app.openai.replies import CompletionPiece, Reply
-from app.openai.schemas_responses import ChatChunkChoice, ChatCompletionChunk, ChatDelta, Completion, Usage
+from app.openai.replies import CompletionPiece, Reply, assistant_message
+from app.openai.schemas_responses import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    ToolCallDelta,
+    Usage,
+)
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError
 
@@ -47,10 +54,26 @@ async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: C
         return sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
 
     def chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
+        if reply.tool_plan is not None:  # a call is whole or not at all: it is sent when its choice ends
+            yield from tool_call_chunks(index, output)
+            return
         if output.delta_text or (wants_logprobs and output.delta_token_ids):
             yield chunk(index, ChatDelta(content=output.delta_text), None, output)
         if output.finished:
             yield chunk(index, ChatDelta(), output.finish_reason)
+
+    def tool_call_chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
+        if not output.finished:
+            return
+        message, finish_reason = assistant_message(reply.tool_plan, output)
+        if message.tool_calls is None:
+            yield chunk(index, ChatDelta(content=message.content), None)
+        for number, call in enumerate(message.tool_calls or []):
+            named = ToolCallDelta(number, call.id, "function", {"name": call.function.name, "arguments": ""})
+            yield chunk(index, ChatDelta(tool_calls=[named]), None)
+            arguments = ToolCallDelta(number, function={"arguments": call.function.arguments})
+            yield chunk(index, ChatDelta(tool_calls=[arguments]), None)
+        yield chunk(index, ChatDelta(), finish_reason)
 
     def usage_chunk(usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[], usage=usage)

@@ -2,18 +2,14 @@
 nothing, else a 400 naming the parameter and saying what is not supported.
 
 Accepted and ignored: ``metadata``, ``user``, ``safety_identifier``, ``prompt_cache_key`` (prefixes are
-cached automatically), ``parallel_tool_calls`` (no tools), ``stream_options.include_obfuscation`` (chunks
+cached automatically), ``stream_options.include_obfuscation`` (chunks
 carry no padding). The rest below take only the values listed in their error messages.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.errors import BadRequestError
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
-
-STRUCTURED_OUTPUT_SOON = "not supported yet"  # structured output and tools come with the next step (issue 15)
 
 
 def refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
@@ -38,28 +34,15 @@ def refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
     ):
         if getattr(body, name) is not None:
             _refuse(name, f"{what}; leave `{name}` out or send null.")
-    if body.response_format is not None and (
-        body.response_format.type != "text" or body.response_format.json_schema is not None
-    ):
-        _refuse(
-            "response_format",
-            f"Structured output (`response_format` {body.response_format.type!r}) is {STRUCTURED_OUTPUT_SOON}; "
-            'send `{"type": "text"}` or leave it out.',
-        )
-    _refuse_tools(body.tools, body.tool_choice, "tools", "tool_choice")
-    _refuse_tools(body.functions, body.function_call, "functions", "function_call")
+    if body.functions:
+        _refuse("functions", "The legacy `functions` are not supported; send them as `tools`.")
+    if body.function_call not in (None, "none", "auto"):
+        _refuse("function_call", "The legacy `function_call` is not supported; send `tool_choice`.")
 
 
 def refuse_unsupported_completion(body: CompletionRequest) -> None:
     if body.suffix:
         _refuse("suffix", "Inserting text before a suffix is not supported; leave `suffix` out or send null.")
-
-
-def _refuse_tools(tools: list[dict[str, Any]] | None, choice: Any, tools_param: str, choice_param: str) -> None:
-    if tools:
-        _refuse(tools_param, f"Tool calling is {STRUCTURED_OUTPUT_SOON}; leave `{tools_param}` out or send [].")
-    if choice not in (None, "none", "auto"):
-        _refuse(choice_param, f"Tool calling is {STRUCTURED_OUTPUT_SOON}; leave `{choice_param}` out or send 'none'.")
 
 
 def _refuse(param: str, message: str) -> None:
