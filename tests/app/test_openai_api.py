@@ -62,13 +62,13 @@ async def test_streamed_chat_ends_with_done_and_usage_chunk(gateway_settings, de
     [
         ({"n": 17}, "n"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
         ({"temperature": 3.5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
     ],
 )
 async def test_unsupported_or_bad_parameters_get_400_naming_them(gateway_settings, default_engine, extra, param):
