@@ -1,13 +1,17 @@
 """Real client libraries against a live server: the official `openai` client with logprobs and n, LangChain's
-`OpenAI` and `ChatOpenAI` (which send frequency_penalty, presence_penalty, n... with every call)."""
+`OpenAI` and `ChatOpenAI` (which send frequency_penalty, presence_penalty, n... with every call), LangChain's
+`with_structured_output` (both methods) and LiteLLM's `response_format`."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from typing import Literal
 
 import openai
 import pytest
 from langchain_openai import ChatOpenAI, OpenAI
+from pydantic import BaseModel
 
 from tests.app.gateway_fixtures import TenantKey, make_tenant
 from tests.app.live_server import LiveServer, live_server
@@ -76,3 +80,36 @@ def test_langchain_openai_and_chat_openai_invoke(server: LiveServer, acme: Tenan
     )
     assert chat.invoke("What is the capital of France?").content
     assert "".join(chunk.content for chunk in chat.stream("Say hello."))
+
+
+class Sky(BaseModel):
+    """What colour the sky is."""
+
+    colour: Literal["red", "green", "blue"]
+    sure: bool
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(server: LiveServer, acme: TenantKey, default_engine, method: str) -> None:
+    """LangChain's default sends response_format json_schema; function_calling sends tools with a named tool_choice."""
+    chat = ChatOpenAI(
+        model=default_engine.model_name, base_url=f"{server.url}/v1", api_key=acme.key, max_tokens=48, temperature=0
+    )
+    answer = chat.with_structured_output(Sky, method=method).invoke("What colour is the sky?")
+    assert isinstance(answer, Sky) and answer.colour in {"red", "green", "blue"}
+
+
+def test_litellm_response_format(server: LiveServer, acme: TenantKey, default_engine) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network: its bundled price list
+    import litellm
+
+    reply = litellm.completion(
+        model=f"openai/{default_engine.model_name}",
+        api_base=f"{server.url}/v1",
+        api_key=acme.key,
+        messages=[{"role": "user", "content": "What colour is the sky?"}],
+        max_tokens=48,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "sky", "schema": Sky.model_json_schema()}},
+    )
+    assert Sky.model_validate_json(reply.choices[0].message.content).colour in {"red", "green", "blue"}
