@@ -18,6 +18,12 @@ The edits (``fit_case``):
   report of at most MAX_DAYS days from start to end, a key's ``expires_at`` in the future, and token ids
   (prompts, ``logit_bias`` keys, ``stop_token_ids``) below the model's vocabulary size (the schema is built
   before the model loads; the bound it states is the engine's, 2**31);
+- structured output keeps the rules stated in words: exactly one of ``structured_outputs``' ``json``, ``regex``
+  and ``choice``, one constraint per request (``structured_outputs``, ``response_format``, a tool choice), a
+  ``json_schema`` format with its schema, tools with unique names and a ``tool_choice`` that names one of them
+  (``auto``, refused by design, becomes ``required``), a ``tool`` message with its ``tool_call_id``, no
+  ``min_tokens`` under a constraint; made-up schemas and regexes (which xgrammar rightly refuses) become a
+  plain object schema and a simple pattern;
 - ``n`` is capped at MAX_FUZZ_CHOICES and a list of prompts at MAX_FUZZ_PROMPTS: 16 choices of 64 prompts are
   valid, and a thousand sequences, which the CPU model takes minutes over.
 
@@ -181,6 +187,14 @@ def fit_case(case: Case, setup: FuzzSetup) -> Case:
     return case
 
 
+def _is_named_tool(tool: Any) -> bool:
+    return (
+        isinstance(tool, dict)
+        and isinstance(tool.get("function"), dict)
+        and isinstance(tool["function"].get("name"), str)
+    )
+
+
 def _fit_id(name: str, value: Any, setup: FuzzSetup) -> Any:
     if str(value) in setup.spared_ids:
         return SPARED_ID
@@ -205,7 +219,56 @@ def _fit_completion(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     if isinstance(fitted.get("stream_options"), dict) and fitted.get("stream") is not True:
         del fitted["stream_options"]
     _fit_choices(fitted, vocab_size)
+    _fit_structured(fitted)
     return fitted
+
+
+def _fit_structured(body: dict[str, Any]) -> None:
+    """The rules on structured output and tools that the schema states in words (module docstring)."""
+    constrained = False
+    options = body.get("structured_outputs")
+    if isinstance(options, dict):
+        present = [name for name in ("json", "regex", "choice") if options.get(name) is not None]
+        fitted = {"json": {"type": "object"}, "regex": "[a-z]{1,8}", "choice": ["yes", "no"]}
+        body["structured_outputs"] = {present[0]: fitted[present[0]]} if present else {"regex": fitted["regex"]}
+        body.pop("response_format", None)
+        body.pop("tool_choice", None)
+        constrained = True
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("text", "json_object", "json_schema"):
+        if response_format["type"] == "json_schema":
+            given = response_format.get("json_schema")
+            name = given.get("name") if isinstance(given, dict) and isinstance(given.get("name"), str) else "answer"
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": {"type": "object"}},
+            }
+            constrained = True
+        else:
+            body["response_format"] = {"type": response_format["type"]}
+            constrained = constrained or response_format["type"] == "json_object"
+    tools = body.get("tools")
+    if isinstance(tools, list) and all(_is_named_tool(tool) for tool in tools):
+        unique = {tool["function"]["name"]: tool for tool in tools}
+        plain = {"type": "object"}
+        body["tools"] = [{**tool, "function": {**tool["function"], "parameters": plain}} for tool in unique.values()]
+        choice = body.get("tool_choice")
+        function = choice.get("function") if isinstance(choice, dict) else None
+        named = function.get("name") if isinstance(function, dict) else None
+        if not unique:
+            body.pop("tool_choice", None)
+        elif constrained:
+            body["tool_choice"] = "none"
+        elif choice in (None, "auto") or (isinstance(choice, dict) and named not in unique):
+            body["tool_choice"] = "required"
+        constrained = constrained or body.get("tool_choice") not in (None, "none")
+    elif not tools and body.get("tool_choice") not in (None, "none"):
+        body.pop("tool_choice")
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "tool" and not message.get("tool_call_id"):
+            message["tool_call_id"] = "call_0"
+    if constrained and body.get("min_tokens"):
+        body["min_tokens"] = 0
 
 
 def _fit_choices(body: dict[str, Any], vocab_size: int) -> None:
