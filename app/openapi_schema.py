@@ -6,7 +6,8 @@
   (app/json_body.py), so msgspec's own JSON Schema of them is the exact contract: it replaces Litestar's
   components of the same names, keeping their examples.
 - Second media types of one answer (a response spec has one): the SSE stream of the completion routes, each
-  event's data a chunk as JSON, an error, or ``[DONE]``; and the CSV of the usage report.
+  event's data a chunk as JSON, an error, or ``[DONE]``; the Responses route's stream of typed events; and the
+  CSV of the usage report.
 - Litestar's own errors: it documents them (a 400 on any route with parameters) in its own shape, which the
   app never sends: app/web.py answers them in OpenAI's, so the schema says ErrorBody.
 - Examples of the response bodies (app/openapi_examples.py).
@@ -22,12 +23,22 @@ import msgspec
 from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
+from app.openai.responses_schemas import ResponsesRequest
 from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletionChunk, Completion
 from app.openapi_examples import add_response_examples
 from app.web import ERROR_DESCRIPTIONS, JSON
 
-REQUEST_BODIES = (ChatCompletionRequest, CompletionRequest, TenantCreate, TenantUpdate, KeyCreate, KeyUpdate, KeyRotate)
+REQUEST_BODIES = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+    TenantCreate,
+    TenantUpdate,
+    KeyCreate,
+    KeyUpdate,
+    KeyRotate,
+)
 """Every Struct a route decodes as its JSON body."""
 
 PROPERTY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {("CompletionRequest", "prompt"): PROMPT_SCHEMA}
@@ -66,6 +77,7 @@ def describe_event_streams(schema: OpenAPI, components: dict[str, Any]) -> None:
         components.setdefault(name, definition)  # Litestar's own stays where a response already has it
     for path, chunk in EVENT_STREAMS.items():
         _ok(schema, path, "post")["text/event-stream"] = {"schema": _event(chunk.__name__)}
+    _ok(schema, "/v1/responses", "post")["text/event-stream"] = {"schema": RESPONSE_EVENT}
 
 
 def describe_framework_errors(schema: OpenAPI) -> None:
@@ -87,6 +99,17 @@ def _is_litestar_error(response: OpenAPIResponse) -> bool:
         and isinstance(media_type.schema, Schema)
         and (media_type.schema.required == ["detail", "status_code"])
     )
+
+
+RESPONSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "description": "The event's type: `response.created` ... `response.completed`."},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "description": "One event of OpenAI's Responses stream: `event:` its type, `data:` it as JSON.",
+}
 
 
 def _event(chunk_name: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from app.errors import ApiError
 from app.json_body import strict_json
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
+from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelList
 from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, request_id_of
@@ -110,6 +111,35 @@ async def completions(
     return await _answer(request, principal, gateway.openai.completion(principal, data, request_id_of(request)))
 
 
+RESPONSES_EXAMPLE = Example(
+    summary="Ask with the Responses API",
+    value={"model": "SmolLM2-135M-Instruct", "input": "Name three colours.", "max_output_tokens": 32},
+)
+
+
+@post(
+    "/v1/responses",
+    status_code=200,
+    summary="Create a response",
+    description="OpenAI's Responses API, stateless (nothing is stored): `input` a text or message items, "
+    "`instructions`, `max_output_tokens`, `temperature`, `top_p`, `text.format` (json_schema, json_object). "
+    "With `stream: true`: `text/event-stream` of OpenAI's events, `response.created` first and "
+    "`response.completed` (or `response.incomplete`) last.",
+    tags=["openai"],
+    before_request=strict_json(ResponsesRequest),
+    responses={
+        200: ResponseSpec(ResponseObject, description="The response (or an SSE stream of events)"),
+        **OPENAI_ERROR_RESPONSES,
+    },
+)
+async def responses(
+    request: Request, data: Annotated[ResponsesRequest, Body(examples=[RESPONSES_EXAMPLE])]
+) -> Response:
+    gateway = gateway_of(request)
+    principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
+    return await _answer(request, principal, gateway.openai.responses(principal, data, request_id_of(request)))
+
+
 @get(
     "/v1/models",
     summary="List models",
@@ -139,4 +169,4 @@ async def _answer(
     return Stream(result, media_type="text/event-stream", headers=SSE_HEADERS | headers)
 
 
-OPENAI_ROUTES = [chat_completions, completions, list_models]
+OPENAI_ROUTES = [chat_completions, completions, responses, list_models]

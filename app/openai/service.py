@@ -16,6 +16,14 @@ from app.openai import params as request_params
 from app.openai import replies, streams
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
 from app.openai.replies import Reply
+from app.openai.responses import (
+    ResponseShape,
+    as_chat,
+    refuse_unsupported_responses,
+    response_events,
+    whole_response,
+)
+from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.runs import Run, Submission, metered_outputs
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
@@ -70,6 +78,20 @@ class OpenAIService:
         if body.stream:
             return streams.completion_stream(reply, first, outputs)
         return replies.completion(reply, await _last_outputs(first, outputs, body.model))
+
+    async def responses(
+        self, principal: Principal, body: ResponsesRequest, request_id: str
+    ) -> ResponseObject | AsyncIterator[bytes]:
+        """OpenAI's Responses API, stateless: the chat completion it amounts to, metered as ``responses``."""
+        refuse_unsupported_responses(body)
+        chat = as_chat(body)
+        constraint, _, _ = output_constraint(chat)  # only text.format constrains a response
+        prompts = [Prompt(await chat_prompt_ids(chat, self.engine))]
+        first, outputs = await self._start(principal, chat, prompts, request_id, "responses", constraint, "text")
+        shape = ResponseShape(self._reply(f"resp_{request_id}", chat, prompts), body)
+        if body.stream:
+            return response_events(shape, first, outputs)
+        return whole_response(shape, await _last_outputs(first, outputs, body.model))
 
     def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -24,6 +24,8 @@ The edits (``fit_case``):
   (``auto``, refused by design, becomes ``required``), a ``tool`` message with its ``tool_call_id``, no
   ``min_tokens`` under a constraint; made-up schemas and regexes (which xgrammar rightly refuses) become a
   plain object schema and a simple pattern;
+- a Responses request's ``max_output_tokens`` is capped and set like ``max_tokens``; an empty ``input`` becomes a
+  text and a ``json_schema`` text format gets its name and a plain schema;
 - ``n`` is capped at MAX_FUZZ_CHOICES and a list of prompts at MAX_FUZZ_PROMPTS: 16 choices of 64 prompts are
   valid, and a thousand sequences, which the CPU model takes minutes over.
 
@@ -71,6 +73,7 @@ REQUEST_TIMEOUT_S = 60  # a completion waits its turn in the engine, behind othe
 MAX_SHOWN_CURL = 2000  # characters of a failing request's curl command in a report (an upload holds megabytes)
 UPLOAD_PATH = "/admin/tenants/{tenant_id}/adapters"
 USAGE_PATH = "/admin/usage"
+RESPONSES_PATH = "/v1/responses"
 KEYS_PATH = "/admin/tenants/{tenant_id}/keys"
 FUTURE = "2999-01-01T00:00:00Z"
 # schemathesis's default statuses of a valid request, and 422: random bytes are valid files, but no adapter
@@ -178,7 +181,9 @@ def fit_case(case: Case, setup: FuzzSetup) -> Case:
     """The edits of the module's docstring."""
     if case.path_parameters:
         case.path_parameters = {name: _fit_id(name, value, setup) for name, value in case.path_parameters.items()}
-    if isinstance(case.body, dict) and case.path.startswith("/v1/"):
+    if isinstance(case.body, dict) and case.path == RESPONSES_PATH:
+        case.body = _fit_response(case.body)
+    elif isinstance(case.body, dict) and case.path.startswith("/v1/"):
         case.body = _fit_completion(case.body, setup.vocab_size)
     elif case.path == USAGE_PATH and case.query:
         case.query = _fit_usage_range(case.query)
@@ -220,6 +225,25 @@ def _fit_completion(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
         del fitted["stream_options"]
     _fit_choices(fitted, vocab_size)
     _fit_structured(fitted)
+    return fitted
+
+
+def _fit_response(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request: ``max_output_tokens`` capped (and set), its input not empty, ``stream_options`` only
+    with ``stream``, a ``json_schema`` text format with its name and a plain schema."""
+    fitted = dict(body)
+    limit = fitted.get("max_output_tokens")
+    if limit is None or (isinstance(limit, int | float) and not isinstance(limit, bool) and limit > MAX_FUZZ_TOKENS):
+        fitted["max_output_tokens"] = MAX_FUZZ_TOKENS
+    if fitted.get("input") == []:
+        fitted["input"] = "Hi"
+    if isinstance(fitted.get("stream_options"), dict) and fitted.get("stream") is not True:
+        del fitted["stream_options"]
+    text = fitted.get("text")
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+        name = text_format.get("name") if isinstance(text_format.get("name"), str) else "answer"
+        fitted["text"] = {**text, "format": {"type": "json_schema", "name": name, "schema": {"type": "object"}}}
     return fitted
 
 
