@@ -13,7 +13,8 @@ from app.db.migrate import upgrade
 from app.engine_client import LocalEngineClient
 from app.model_store import resolve_model
 from app.settings import Settings
-from tests.app.gateway_fixtures import start_default_engine, test_settings
+from tests.app.gateway_fixtures import TenantKey, make_tenant, start_default_engine, test_settings
+from tests.app.live_server import LiveServer, live_server
 from tests.app.postgres import real_postgres, truncate_all
 from tests.engine.lora_helpers import make_peft_adapter
 
@@ -66,3 +67,16 @@ def tenant_adapters(default_engine: LocalEngineClient, data_home: Path, tmp_path
 @pytest.fixture
 def gateway_settings(tmp_path: Path, database_url: str) -> Settings:
     return test_settings(tmp_path, database_url)
+
+
+@pytest.fixture
+def server(gateway_settings: Settings, default_engine: LocalEngineClient) -> Iterator[LiveServer]:
+    """The gateway on a real port (modules that need another set-up define their own)."""
+    with live_server(gateway_settings, default_engine) as running:
+        yield running
+
+
+@pytest.fixture
+def acme(server: LiveServer) -> TenantKey:
+    """A tenant with an inference key on the live ``server``."""
+    return server.run(make_tenant(server.gateway, "acme"))

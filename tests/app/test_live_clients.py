@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Literal
 
 import openai
@@ -13,23 +12,13 @@ import pytest
 from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel
 
-from tests.app.gateway_fixtures import TenantKey, make_tenant
-from tests.app.live_server import LiveServer, live_server
+from tests.app.gateway_fixtures import TenantKey
+from tests.app.live_server import LiveServer
 
 pytestmark = pytest.mark.default_model
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-
-@pytest.fixture
-def server(gateway_settings, default_engine) -> Iterator[LiveServer]:
-    with live_server(gateway_settings, default_engine) as running:
-        yield running
-
-
-@pytest.fixture
-def acme(server: LiveServer) -> TenantKey:
-    return server.run(make_tenant(server.gateway, "acme"))
 
 
 def test_official_client_with_logprobs_and_n(server: LiveServer, acme: TenantKey, default_engine) -> None:

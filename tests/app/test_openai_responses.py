@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import openai
 import pytest
 
 from tests.app.gateway_fixtures import TenantKey, gateway_client, make_tenant, usage_rows
-from tests.app.live_server import LiveServer, live_server
+from tests.app.live_server import LiveServer
 
 pytestmark = pytest.mark.default_model
 
@@ -21,16 +20,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
-
-@pytest.fixture
-def server(gateway_settings, default_engine) -> Iterator[LiveServer]:
-    with live_server(gateway_settings, default_engine) as running:
-        yield running
-
-
-@pytest.fixture
-def acme(server: LiveServer) -> TenantKey:
-    return server.run(make_tenant(server.gateway, "acme"))
 
 
 def test_official_client_creates_and_streams_responses(server: LiveServer, acme: TenantKey, default_engine) -> None:
