@@ -1,0 +1,307 @@
+"""An engine driven by commands from elsewhere: a socket today (``engine/worker_process.py``), a Ray replica later.
+
+:class:`EngineWorker` runs an :class:`Engine`'s step loop on a thread of its own. It takes the commands of
+``engine/worker_protocol.py`` through thread-safe methods (or :meth:`EngineWorker.handle`, a command as it
+arrived) and does not care where they come from: each step's outputs leave through the ``emit`` callback,
+as ONE :class:`StepOutputs` with every output of that step, and a call's result is a
+``concurrent.futures.Future``. Work that is I/O-like (compiling a grammar, reading and checking an adapter's
+files) runs on a small thread pool, off the step thread, as ``AsyncEngine`` does it; a constrained request
+is admitted once its grammar is compiled (a cache hit when the client checked the constraint first).
+"""
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from engine.engine import Engine
+from engine.errors import EngineDeadError, EngineError
+from engine.grammar import GrammarConstraint
+from engine.output_delta import DeltaEncoder
+from engine.outputs import EngineStats, RequestOutput
+from engine.worker_protocol import (
+    Abort,
+    AbortAll,
+    AdapterSummary,
+    AddAdapter,
+    CheckConstraint,
+    Command,
+    GetStats,
+    PinAdapter,
+    Rejected,
+    RemoveAdapter,
+    SetTenantWeight,
+    Shutdown,
+    StepOutputs,
+    Submit,
+    ValidateAdapter,
+    to_wire,
+)
+
+if TYPE_CHECKING:
+    import xgrammar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+IDLE_WAIT_S = 0.05  # how long the idle loop sleeps between looks at the inbox when woken for nothing
+NUM_HELPER_THREADS = 2  # grammar compiles and adapter checks: each mostly waits on C++ code or the disk
+DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn(engine)`` on the step thread between two steps; its result or error lands in ``future``."""
+
+    fn: Callable[[Engine], Any]
+    future: Future
+
+
+_Stop = None  # the inbox's last item: abort what runs, then end the loop
+_Inbox = Submit | Abort | AbortAll | _Call | None
+
+
+class EngineWorker:
+    """An :class:`Engine` and its step thread, commanded through thread-safe methods."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        emit: Callable[[StepOutputs], None],
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """``emit`` is called on the step thread; ``on_death`` once, if the step loop dies (every call then fails)."""
+        self.engine = engine
+        self._emit = emit
+        self._on_death = on_death
+        self._inbox: queue.SimpleQueue[_Inbox] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._helpers = ThreadPoolExecutor(NUM_HELPER_THREADS, thread_name_prefix="loraplex-worker-helper")
+        self._deltas = DeltaEncoder()
+        self._live: set[str] = set()  # requests in the engine whose outputs are wanted
+        self._compiling: dict[str, tuple[Submit, Future]] = {}  # requests waiting for their grammar
+        self._rejected: list[Rejected] = []
+        self._weights: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._error_lock = threading.Lock()  # the step loop's death and a new command cannot cross
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End every running request (their last outputs are emitted) and join the step thread."""
+        if self._thread is None:
+            return
+        self._put(_Stop)
+        self._thread.join()
+        self._thread = None
+        self._helpers.shutdown(wait=False, cancel_futures=True)
+
+    # Commands -------------------------------------------------------------------------------------
+
+    def handle(self, command: Command) -> Future | None:
+        """Carry out a command as it arrived; a Future of its result for a call, None for the others."""
+        match command:
+            case Submit() | Abort() | AbortAll():
+                self._put(command)
+                return None
+            case Shutdown():
+                self.stop()
+                return None
+            case AddAdapter(name=name, path=path):
+                return self.add_adapter(name, path)
+            case RemoveAdapter(name=name):
+                return self.call(lambda engine: engine.remove_adapter(name))
+            case PinAdapter(name=name, pinned=pinned):
+                return self.call(lambda engine: engine.pin_adapter(name, pinned))
+            case ValidateAdapter(path=path):
+                return self.validate_adapter(path)
+            case GetStats():
+                return self.stats()
+            case SetTenantWeight(tenant=tenant, weight=weight):
+                return self.call(lambda _: self._set_weight(tenant, weight))
+            case CheckConstraint(constraint=constraint):
+                return self.check_constraint(constraint)
+        raise TypeError(f"not a worker command: {command!r}")
+
+    def submit(self, request: Submit) -> None:
+        self._put(request)
+
+    def abort(self, request_id: str) -> None:
+        self._put(Abort(request_id))
+
+    def abort_all(self) -> None:
+        self._put(AbortAll())
+
+    def call(self, fn: Callable[[Engine], T]) -> "Future[T]":
+        """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
+        future: Future[T] = Future()
+        self._put(_Call(fn, future))
+        return future
+
+    def stats(self) -> "Future[EngineStats]":
+        return self.call(lambda engine: engine.stats())
+
+    def add_adapter(self, name: str, path: str | Path) -> "Future[str]":
+        """Validate a PEFT folder off the step thread, then register it between steps; its digest."""
+        registered: Future[str] = Future()
+
+        def register(validated: Future) -> None:
+            if validated.exception() is not None:
+                registered.set_exception(validated.exception())
+                return
+            adapter = validated.result()
+            self._put(_Call(lambda engine: engine.add_adapter(name, path, adapter), registered))
+
+        self._helpers.submit(self.engine.validate_adapter, path).add_done_callback(register)
+        return registered
+
+    def validate_adapter(self, path: str | Path) -> "Future[AdapterSummary]":
+        """Check a PEFT folder against the model without registering it (AdapterError if unusable)."""
+
+        def validate() -> AdapterSummary:
+            adapter = self.engine.validate_adapter(path)
+            return AdapterSummary(
+                adapter.digest, adapter.max_rank, adapter.lora_alpha, adapter.modules, adapter.size_bytes
+            )
+
+        return self._helpers.submit(validate)
+
+    def check_constraint(self, constraint: GrammarConstraint) -> "Future[None]":
+        """Compile a constraint off the step thread (cached); GrammarError if it cannot be."""
+
+        def compile_only() -> None:
+            self.engine.grammars.compile(constraint)
+
+        return self._helpers.submit(compile_only)
+
+    # The step loop --------------------------------------------------------------------------------
+
+    def _put(self, item: _Inbox) -> None:
+        with self._error_lock:
+            if self._error is None:
+                self._inbox.put(item)
+                self._wake.set()
+                return
+        if isinstance(item, _Call):
+            item.future.set_exception(self._dead_error())
+
+    def _dead_error(self) -> EngineDeadError:
+        return EngineDeadError(f"the engine stopped after an error: {self._error}")
+
+    def _loop(self) -> None:
+        try:
+            while self._drain_inbox():
+                self._admit_compiled()
+                if self._rejected:  # a refusal goes out now, not after the next step
+                    self._send([])
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                self._send(self.engine.step())
+        except BaseException as error:  # every waiter must hear of it, whatever went wrong
+            logger.exception("engine step loop died")
+            self._die(error)
+
+    def _die(self, error: BaseException) -> None:
+        with self._error_lock:
+            self._error = error
+        dead = self._dead_error()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Call):
+                item.future.set_exception(dead)
+        if self._on_death is not None:
+            self._on_death(error)
+
+    def _drain_inbox(self) -> bool:
+        """Apply what arrived since the last look; False once asked to stop."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            match item:
+                case None | AbortAll():
+                    self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
+                    if item is None:
+                        return False
+                case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
+                    self._abort(request_id)
+                    self._live.discard(request_id)
+                    self._deltas.forget(request_id)
+                case _Call(fn=fn, future=future):
+                    try:
+                        future.set_result(fn(self.engine))
+                    except Exception as error:  # the caller gets the error; the step loop goes on
+                        future.set_exception(error)
+                case Submit():
+                    self._accept(item)
+
+    def _abort(self, request_id: str) -> list[RequestOutput]:
+        """Stop a request (running, waiting or still compiling its grammar); its last outputs."""
+        self._compiling.pop(request_id, None)
+        return self.engine.abort_request(request_id)
+
+    def _accept(self, request: Submit) -> None:
+        constraint = request.params.constraint
+        if constraint is None:
+            self._add(request, None)
+            return
+        compiled = self._helpers.submit(self.engine.grammars.compile, constraint)
+        self._compiling[request.request_id] = (request, compiled)
+        compiled.add_done_callback(lambda _: self._wake.set())
+
+    def _admit_compiled(self) -> None:
+        for request_id, (request, compiled) in list(self._compiling.items()):
+            if not compiled.done():
+                continue
+            del self._compiling[request_id]
+            if compiled.exception() is not None:
+                self._reject(request, compiled.exception())
+            else:
+                self._add(request, compiled.result())
+
+    def _add(self, request: Submit, grammar: "xgrammar.CompiledGrammar | None") -> None:
+        try:
+            if request.tenant is not None and self._weights.get(request.tenant, DEFAULT_WEIGHT) != request.weight:
+                self._set_weight(request.tenant, request.weight)  # rare: only when a tenant's weight changes
+            self.engine.add_request(
+                request.prompt_ids, request.params, request.request_id, request.adapter, request.tenant, grammar
+            )
+        except EngineError as error:
+            self._reject(request, error)
+            return
+        self._live.add(request.request_id)
+
+    def _set_weight(self, tenant: str, weight: float) -> None:
+        self.engine.set_tenant_weight(tenant, weight)
+        self._weights[tenant] = weight
+
+    def _reject(self, request: Submit, error: BaseException) -> None:
+        self._rejected.append(Rejected(request.request_id, to_wire(error)))
+
+    def _send(self, outputs: list[RequestOutput]) -> None:
+        """Emit one StepOutputs: the outputs someone still reads, and the refusals since the last one."""
+        deltas = []
+        for output in outputs:
+            if output.request_id not in self._live:
+                continue
+            if output.request_finished:
+                self._live.discard(output.request_id)
+            deltas.append(self._deltas.encode(output))
+        rejected, self._rejected = self._rejected, []
+        if deltas or rejected:
+            self._emit(StepOutputs(deltas, rejected))
