@@ -1,0 +1,27 @@
+// The native CPU ops, fp32. Each is defined in its own file and registered in registration.cpp as
+// torch.ops.loraplex.<name>; the Python functions in kernels/ hold each op's Semantics docstring.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace loraplex {
+
+// out[T, H, D]: causal attention of each query row over its sequence's pages (kernels/paged_attention.py).
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale);
+
+// x += residual (in place, when given); returns rmsnorm(x) * weight (kernels/add_rms_norm.py).
+at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+                        double eps);
+
+// Rotates qkv's q and k heads in place and writes k and v into their pool rows (kernels/rope_kv_write.py).
+void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                   const at::Tensor& storage, int64_t layer, const at::Tensor& kv_rows, int64_t num_heads,
+                   int64_t num_kv_heads);
+
+// silu(gate) * up from gate_up [T, 2I] (kernels/silu_mul.py).
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+}  // namespace loraplex

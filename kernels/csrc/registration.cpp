@@ -1,0 +1,17 @@
+// Registers the native CPU ops as torch.ops.loraplex.* (the Python side loads this library once).
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(loraplex, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, "
+      "float scale) -> Tensor",
+      &loraplex::paged_attention);
+  m.def("add_rms_norm(Tensor(a!) x, Tensor? residual, Tensor weight, float eps) -> Tensor", &loraplex::add_rms_norm);
+  m.def(
+      "rope_kv_write(Tensor(a!) qkv, Tensor cos, Tensor signed_sin, Tensor(b!) storage, int layer, Tensor kv_rows, "
+      "int num_heads, int num_kv_heads) -> ()",
+      &loraplex::rope_kv_write);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &loraplex::silu_mul);
+}

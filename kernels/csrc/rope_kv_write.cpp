@@ -1,0 +1,93 @@
+// RoPE on the fused qkv output, in place, and the K/V write into the page pool
+// (semantics: kernels/rope_kv_write.py::rope_kv_write). One pass per token: its q and k heads are
+// rotated (Hugging Face's rotate-half layout) and its rotated k and its v rows copied to their slot.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstring>
+
+#include "ops.h"
+
+namespace loraplex {
+namespace {
+
+// Tokens per parallel chunk: one token is a few hundred floats, so smaller chunks cost more to hand out.
+constexpr int64_t kMinTokensPerTask = 32;
+
+// x[i] = x[i] * cos[i] + x[(i + D/2) % D] * signed_sin[i]  (signed_sin = [-sin, sin], cos = [cos, cos])
+inline void rotate_head(float* __restrict x, const float* __restrict cos, const float* __restrict signed_sin,
+                        int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] + b * signed_sin[i];
+    x[i + half] = b * cos[i + half] + a * signed_sin[i + half];
+  }
+}
+
+void check_table(const at::Tensor& t, const char* name, int64_t num_tokens, int64_t head_dim) {
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == num_tokens && t.size(1) == head_dim && t.is_contiguous() &&
+                        t.scalar_type() == at::kFloat && t.device().is_cpu(),
+                    "rope_kv_write: ", name, " must be a contiguous float32 CPU tensor [", num_tokens, ", ",
+                    head_dim, "]");
+}
+
+}  // namespace
+
+void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                   const at::Tensor& storage, int64_t layer, const at::Tensor& kv_rows, int64_t num_heads,
+                   int64_t num_kv_heads) {
+  TORCH_CHECK_VALUE(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.device().is_cpu() &&
+                        qkv.stride(1) == 1,
+                    "rope_kv_write: qkv must be a float32 CPU tensor [num_tokens, (heads + 2 kv_heads) * head_dim] "
+                    "with contiguous rows");
+  const int64_t num_tokens = qkv.size(0);
+  const int64_t num_all_heads = num_heads + 2 * num_kv_heads;
+  TORCH_CHECK_VALUE(num_heads > 0 && num_kv_heads > 0 && qkv.size(1) % num_all_heads == 0,
+                    "rope_kv_write: qkv width ", qkv.size(1), " is not (", num_heads, " + 2 x ", num_kv_heads,
+                    ") heads");
+  const int64_t head_dim = qkv.size(1) / num_all_heads;
+  TORCH_CHECK_VALUE(head_dim % 2 == 0, "rope_kv_write: head_dim must be even, got ", head_dim);
+  check_table(cos, "cos", num_tokens, head_dim);
+  check_table(signed_sin, "signed_sin", num_tokens, head_dim);
+  TORCH_CHECK_VALUE(storage.dim() == 3 && storage.is_contiguous() && storage.scalar_type() == at::kFloat &&
+                        storage.device().is_cpu(),
+                    "rope_kv_write: storage must be the contiguous float32 CPU pool [num_pages, num_layers, P]");
+  const int64_t kv_width = num_kv_heads * head_dim;  // floats of one token's K (or V) in a page
+  TORCH_CHECK_VALUE(storage.size(2) % (2 * kv_width) == 0, "rope_kv_write: page size ", storage.size(2),
+                    " is not block_size x 2 x ", kv_width);
+  const int64_t block_size = storage.size(2) / (2 * kv_width);
+  TORCH_CHECK_VALUE(layer >= 0 && layer < storage.size(1), "rope_kv_write: layer ", layer, " is not in [0, ",
+                    storage.size(1), ")");
+  TORCH_CHECK_VALUE(kv_rows.dim() == 1 && kv_rows.size(0) == num_tokens && kv_rows.scalar_type() == at::kLong &&
+                        kv_rows.is_contiguous() && kv_rows.device().is_cpu(),
+                    "rope_kv_write: kv_rows must be a contiguous int64 CPU vector of ", num_tokens, " entries");
+  const int64_t* rows = kv_rows.data_ptr<int64_t>();
+  const int64_t layer_offset = layer * 2 * block_size;  // rows from a token's layer-0 K to its layer's K
+  const int64_t num_rows = storage.numel() / kv_width;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    TORCH_CHECK_VALUE(rows[t] >= 0 && rows[t] + layer_offset + block_size < num_rows, "rope_kv_write: kv_rows[", t,
+                      "] = ", rows[t], " is outside the pool");
+  }
+
+  float* qkv_ptr = qkv.data_ptr<float>();
+  const int64_t qkv_stride = qkv.stride(0);
+  const float* cos_ptr = cos.data_ptr<float>();
+  const float* sin_ptr = signed_sin.data_ptr<float>();
+  float* pool = storage.data_ptr<float>();
+  at::parallel_for(0, num_tokens, kMinTokensPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = qkv_ptr + t * qkv_stride;  // q heads, k heads, v heads
+      const float* c = cos_ptr + t * head_dim;
+      const float* s = sin_ptr + t * head_dim;
+      for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rotate_head(row + h * head_dim, c, s, head_dim);
+      float* k_dst = pool + (rows[t] + layer_offset) * kv_width;
+      std::memcpy(k_dst, row + num_heads * head_dim, kv_width * sizeof(float));
+      std::memcpy(k_dst + block_size * kv_width, row + (num_heads + num_kv_heads) * head_dim,
+                  kv_width * sizeof(float));
+    }
+  });
+}
+
+}  // namespace loraplex
