@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 
 from kernels.attention_metadata import PagedAttentionMetadata
+from kernels.backend import KernelBackend
+from kernels.native_cpu import require_native_ops
 from kernels.paged_attention_torch import paged_attention_torch
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
@@ -202,21 +204,30 @@ def _check_inputs(q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionM
 
 
 def paged_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionMetadata, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    backend: KernelBackend = KernelBackend.TORCH,
 ) -> torch.Tensor:
-    """Causal attention of each query row over its sequence's paged K/V: Triton on CUDA, torch on CPU.
+    """Causal attention of each query row over its sequence's paged K/V, one call for the whole step.
+
+    Triton on CUDA; on CPU the native op (``backend`` NATIVE: one pass over the pages in place, every
+    sequence's rows at once) or the torch implementation (decode buckets and a call per prefill chunk).
 
     Args:
-        q: [num_tokens, num_heads, head_dim], float32, bfloat16 or float16, contiguous; rows packed
-            sequence after sequence as ``meta.query_start_loc`` says.
+        q: [num_tokens, num_heads, head_dim], float32, bfloat16 or float16 (the native op: float32);
+            rows packed sequence after sequence as ``meta.query_start_loc`` says. May be strided along
+            tokens and heads (the q columns of the fused qkv output); head_dim must be contiguous.
         kv_cache: [num_pages, 2, block_size, num_kv_heads, head_dim], same dtype as ``q``; one layer's
             view of the page pool (pages strided, each page contiguous); index 0 of dim 1 is K, 1 is V.
             num_heads must be a multiple of num_kv_heads (group = num_heads // num_kv_heads).
         meta: the step's ``PagedAttentionMetadata``; its int32 tensors on ``q``'s device.
         scale: softmax scale, usually ``head_dim ** -0.5``.
+        backend: the CPU implementation; ignored on CUDA.
 
     Returns:
-        out: [num_tokens, num_heads, head_dim], same dtype as ``q``.
+        out: [num_tokens, num_heads, head_dim], same dtype as ``q``, contiguous.
 
     Semantics:
         for s in range(num_seqs):
@@ -231,5 +242,9 @@ def paged_attention(
                     out[i, h] = p @ V[:, kvh]                     # [head_dim]
     """
     if q.is_cuda:
-        return paged_attention_triton(q, kv_cache, meta, scale)
-    return paged_attention_torch(q, kv_cache, meta, scale)
+        return paged_attention_triton(q.contiguous(), kv_cache, meta, scale)
+    if backend is KernelBackend.NATIVE:
+        return require_native_ops().paged_attention(
+            q, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+        )  # [num_tokens, num_heads, head_dim]
+    return paged_attention_torch(q.contiguous(), kv_cache, meta, scale)
