@@ -1,12 +1,17 @@
 """The engine's frozen configuration and the model facts derived from a Hugging Face folder."""
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from engine.errors import ConfigError
+from kernels.backend import KernelBackend
+from kernels.native_cpu import unavailable_reason
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 MIN_BLOCK_SIZE = 16  # tokens per KV page; smaller pages make the gather index longer for no gain
@@ -14,6 +19,8 @@ DEFAULT_CPU_POOL_BYTES = 2 * 1024**3  # room for ~46k tokens of SmolLM2's KV in 
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights are loaded
 DEFAULT_HOST_ADAPTER_BYTES = 4 * 1024**3  # about 400 rank-16 all-linear adapters of SmolLM2
 SCHEDULING_POLICIES = ("fair", "fifo")
+KERNEL_CHOICES = ("auto", "torch", "native")
+NATIVE_HEAD_DIM_MULTIPLE = 8  # the native attention's vectors are 8 floats wide
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,9 @@ class EngineConfig:
     """Host-memory cache of validated adapters; beyond it the least recently used are re-read from disk."""
     scheduling_policy: str = "fair"
     """Whose requests go first: "fair" (per-tenant virtual token counters, S-LoRA's VTC) or "fifo"."""
+    kernels: str = "auto"
+    """The ops on CPU: "native" (the C++ kernels, built once on first use), "torch", or "auto" (native when
+    it builds and the model runs in fp32, else torch with a warning). On CUDA the Triton kernels run."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -61,6 +71,8 @@ class EngineConfig:
             raise ConfigError(f"scheduling_policy must be 'fair' or 'fifo', got {self.scheduling_policy!r}")
         if self.pool_bytes is not None and self.pool_bytes <= 0:
             raise ConfigError(f"pool_bytes must be positive, got {self.pool_bytes}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernels!r}")
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
@@ -73,6 +85,25 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
+
+    def kernel_backend(self, device: torch.device, dtype: torch.dtype, head_dim: int) -> KernelBackend:
+        """The ``kernels`` setting resolved for this engine; may build the native kernels (once per machine)."""
+        if self.kernels == "torch" or (self.kernels == "auto" and device.type == "cuda"):
+            return KernelBackend.TORCH
+        if device.type != "cpu":
+            reason = f"they run on CPU only and the engine runs on {device.type}"
+        elif dtype != torch.float32:
+            reason = f"they run float32 only and the engine runs {str(dtype).removeprefix('torch.')}"
+        elif head_dim % NATIVE_HEAD_DIM_MULTIPLE:
+            reason = f"they need a head_dim that is a multiple of {NATIVE_HEAD_DIM_MULTIPLE}, the model's is {head_dim}"
+        else:
+            reason = unavailable_reason()
+        if reason is None:
+            return KernelBackend.NATIVE
+        if self.kernels == "native":
+            raise ConfigError(f"kernels='native' cannot be used: {reason}; use kernels='torch' or 'auto'")
+        logger.warning("the native CPU kernels cannot be used (%s); running the torch kernels", reason)
+        return KernelBackend.TORCH
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,8 @@ class Engine:
         self.token_bytes = TokenBytes(self.tokenizer)
         weights = load_weights(folder, self.model_config, self.dtype, self.device)
         self.max_model_len = self.model_config.max_model_len
-        self.model = LlamaModel(self.model_config, weights, self.max_model_len)
+        self.kernels = config.kernel_backend(self.device, self.dtype, self.model_config.head_dim)
+        self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
         self.pool = make_pool(config, self.model_config, self.dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
@@ -77,10 +78,11 @@ class Engine:
         self._ids = itertools.count()
         self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
         logger.info(
-            "engine ready: %s on %s/%s, %d pages of %d tokens (%.0f MiB)",
+            "engine ready: %s on %s/%s with the %s kernels, %d pages of %d tokens (%.0f MiB)",
             folder.name,
             self.device,
             str(self.dtype).removeprefix("torch."),
+            "triton" if self.device.type == "cuda" else self.kernels.value,
             self.pool.num_pages,
             self.pool.block_size,
             self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
@@ -238,7 +240,7 @@ class Engine:
         """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork)."""
         if not items:
             return StepResult()
-        batch = build_step_batch(items, self.pool, self.model_config, self.device)
+        batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels)
         logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
         num_sampled = len(batch.sampled_seqs)
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)

@@ -36,10 +36,10 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    """Applies RoPE as Hugging Face's Llama does (rotate-half layout, fp32 angles).
+    """RoPE's tables as Hugging Face's Llama computes them (rotate-half layout, fp32 angles).
 
     ``rotate_half(x) * sin`` equals ``x`` with its halves swapped times ``sin`` with its first half
-    negated, so the table keeps that signed sin and a rotation is a multiply, a roll and an ``addcmul``.
+    negated, so the table keeps that signed sin; ``kernels/rope_kv_write.py`` applies the rotation.
     """
 
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device):
@@ -51,11 +51,5 @@ class RotaryEmbedding:
         self.signed_sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)  # [max_positions, head_dim]
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin at each token's position, [num_tokens, 1, head_dim] each: once per step."""
-        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """``x * cos + rotate_half(x) * sin`` for x [num_tokens, heads, head_dim] (any heads: q and k at once)."""
-        swapped = x.roll(x.shape[-1] // 2, dims=-1)  # [num_tokens, heads, head_dim], halves swapped
-        return torch.addcmul(x * cos, swapped, signed_sin)  # [num_tokens, heads, head_dim]
+        """cos and signed sin at each token's position, [num_tokens, head_dim] each: once per step."""
+        return self.cos[positions], self.signed_sin[positions]  # [num_tokens, head_dim] each

@@ -11,6 +11,7 @@ from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
+from kernels.backend import KernelBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +34,18 @@ class StepBatch:
 
 
 def build_step_batch(
-    scheduled: tuple[ScheduledSeq, ...], pool: PagePool, model: ModelConfig, device: torch.device
+    scheduled: tuple[ScheduledSeq, ...],
+    pool: PagePool,
+    model: ModelConfig,
+    device: torch.device,
+    backend: KernelBackend = KernelBackend.TORCH,
 ) -> StepBatch:
-    """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them)."""
-    # Decode rows first, shortest context first, so the CPU attention's buckets pad little.
+    """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them).
+
+    The torch attention on CPU gets its decode buckets planned here, once for every layer; the native
+    attention needs only the int32 tensors.
+    """
+    # Decode rows first, shortest context first, so the torch attention's buckets pad little.
     block_size = pool.block_size
     items = sorted(
         scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
@@ -94,7 +103,7 @@ def build_step_batch(
         query_start_loc_list=tuple(query_start_loc),
         seq_lens_list=tuple(seq_lens),
     )
-    if device.type == "cpu":
+    if device.type == "cpu" and backend is KernelBackend.TORCH:
         attention = dataclasses.replace(attention, decode_buckets=plan_decode_buckets(
             attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
         ))
@@ -106,7 +115,7 @@ def build_step_batch(
         attention=attention,
         logits_indices=tensor(logits_indices + scored_rows),  # [num_sampled + num_scored]
         sampled_seqs=tuple(sampled),
-        lora=build_lora_step(runs, model, pool.storage),
+        lora=build_lora_step(runs, model, pool.storage, backend),
         scored=tuple(scored),
         scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
     )

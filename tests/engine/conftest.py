@@ -37,6 +37,12 @@ def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral")
 
 
+@pytest.fixture(params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest) -> str:
+    """The engine's kernel backend: parity tests run on the native CPU ops and on the torch ones."""
+    return request.param
+
+
 def make_engine(folder: Path, **overrides) -> Engine:
     overrides.setdefault("pool_bytes", 8 * 1024**2)
     return Engine(EngineConfig(model=str(folder), **overrides))

@@ -83,9 +83,10 @@ def _assert_close(entry, reference: torch.Tensor, token_id: int) -> None:
         pytest.param({"prefix_hit": True}, id="prefix_cache_hit"),
     ],
 )
-def test_logprobs_and_prompt_logprobs_match_peft(base_folder, adapter_folders, peft_model, overrides) -> None:
+def test_logprobs_and_prompt_logprobs_match_peft(base_folder, adapter_folders, peft_model, overrides, kernels) -> None:
+    overrides = dict(overrides)  # the parametrized dict is shared by both kernel backends' runs
     prefix_hit = overrides.pop("prefix_hit", False)
-    engine = _make(base_folder, adapter_folders, **overrides)
+    engine = _make(base_folder, adapter_folders, kernels=kernels, **overrides)
     if prefix_hit:  # the same prompts once without logprobs: their full blocks are now in the prefix cache
         _run(engine, SamplingParams(max_tokens=1, temperature=0.0))
         assert engine.stats().pages_by_owner["prefix_cache"] >= sum(len(p) // engine.pool.block_size for p in PROMPTS)

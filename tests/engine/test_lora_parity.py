@@ -57,8 +57,8 @@ def _peft_last_logits(model: PeftModel, prompts: list[list[int]], adapters: list
     return out.logits[:, -1]  # [rows, vocab]
 
 
-def test_mixed_batch_logits_match_peft(base_folder, adapter_folders, peft_model) -> None:
-    engine = make_engine(base_folder, pool_bytes=POOL_BYTES)
+def test_mixed_batch_logits_match_peft(base_folder, adapter_folders, peft_model, kernels) -> None:
+    engine = make_engine(base_folder, pool_bytes=POOL_BYTES, kernels=kernels)
     for name, folder in adapter_folders.items():
         engine.add_adapter(name, folder)
     captured = []
@@ -84,8 +84,8 @@ def test_mixed_batch_logits_match_peft(base_folder, adapter_folders, peft_model)
         assert error <= REL_TOL, f"row with adapter {adapter}: max error {error:.2e} of the largest logit"
 
 
-def test_mixed_batch_greedy_tokens_match_peft(base_folder, adapter_folders, peft_model) -> None:
-    engine = make_engine(base_folder, pool_bytes=POOL_BYTES)
+def test_mixed_batch_greedy_tokens_match_peft(base_folder, adapter_folders, peft_model, kernels) -> None:
+    engine = make_engine(base_folder, pool_bytes=POOL_BYTES, kernels=kernels)
     for name, folder in adapter_folders.items():
         engine.add_adapter(name, folder)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)

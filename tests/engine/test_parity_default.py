@@ -80,8 +80,8 @@ def test_prompts_cover_lengths_and_chat(prompts: list[list[int]]) -> None:
         pytest.param({"pool_bytes": 12 * PAGE_BYTES, "max_num_seqs": 9}, id="preemption"),
     ],
 )
-def test_greedy_matches_transformers(model_folder, prompts, reference, overrides) -> None:
-    engine = make_engine(model_folder, **{"pool_bytes": POOL_BYTES, **overrides})
+def test_greedy_matches_transformers(model_folder, prompts, reference, overrides, kernels) -> None:
+    engine = make_engine(model_folder, **{"pool_bytes": POOL_BYTES, "kernels": kernels, **overrides})
     assert _run(engine, prompts) == reference
     if "pool_bytes" in overrides:
         assert engine.stats().num_preemptions > 0, "12 pages for 9 prompts were meant to force preemption"

@@ -44,9 +44,9 @@ CASES = {
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_greedy_matches_transformers(model_type: str, case: str, request: pytest.FixtureRequest) -> None:
+def test_greedy_matches_transformers(model_type: str, case: str, kernels: str, request: pytest.FixtureRequest) -> None:
     folder = request.getfixturevalue(f"tiny_{model_type}")
-    engine = make_engine(folder, **CASES[case])
+    engine = make_engine(folder, kernels=kernels, **CASES[case])
     prompts = _prompts(engine.model_config.vocab_size)
     refs = _reference(folder, prompts)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -61,8 +61,8 @@ def test_greedy_matches_transformers(model_type: str, case: str, request: pytest
         assert stats.num_cached_prompt_tokens >= 32, "prompts with a 40-token shared prefix should hit the cache"
 
 
-def test_repeated_prompt_hits_prefix_cache_and_keeps_output(tiny_llama: Path) -> None:
-    engine = make_engine(tiny_llama)
+def test_repeated_prompt_hits_prefix_cache_and_keeps_output(tiny_llama: Path, kernels: str) -> None:
+    engine = make_engine(tiny_llama, kernels=kernels)
     prompt = _prompts(engine.model_config.vocab_size)[5]  # 64 tokens: 4 full blocks
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     first = engine.generate([prompt], params)[0]
