@@ -1,0 +1,14 @@
+"""Fixtures of the kernel tests: the native CPU library, skipped (with the reason) only where it cannot be built."""
+
+import pytest
+
+from kernels.native_cpu import native_ops, unavailable_reason
+
+
+@pytest.fixture(scope="session")
+def native() -> object:
+    """``torch.ops.loraplex``, built on first use."""
+    ops = native_ops()
+    if ops is None:
+        pytest.skip(f"native CPU kernels unavailable: {unavailable_reason()}")
+    return ops
