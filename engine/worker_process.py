@@ -93,6 +93,8 @@ class LogForwarder(logging.Handler):
             if record.exc_info:
                 message += "\n" + self._formatter.formatException(record.exc_info)
             self._channel.send(LogLine(record.name, record.levelno, message))
+        except OSError:  # the gateway is gone (or going): nobody reads the log any more
+            return
         except Exception:  # a log record must never take the worker down
             self.handleError(record)
 
