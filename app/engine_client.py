@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from transformers import PreTrainedTokenizerBase
-
+from app.engine_tokenizer import GatewayTokenizer
 from engine import Engine, EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
@@ -117,6 +116,7 @@ class LocalEngineClient:
         self.max_prompt_chars = 0
         self.vocab_size = 0
         self._engine: AsyncEngine | None = None
+        self._tokenizer: GatewayTokenizer | None = None
         self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
     async def start(self) -> None:
@@ -124,8 +124,9 @@ class LocalEngineClient:
         if self._engine is not None:
             return
         engine = await asyncio.to_thread(Engine, self.config)
+        self._tokenizer = GatewayTokenizer(engine.tokenizer, engine.token_bytes)
         self.max_model_len = engine.max_model_len
-        self.max_prompt_chars = engine.max_model_len * longest_token_chars(engine.tokenizer)
+        self.max_prompt_chars = self._tokenizer.max_prompt_chars(engine.max_model_len)
         self.vocab_size = engine.model_config.vocab_size
         self._engine = AsyncEngine(engine)
         self._engine.start()
@@ -144,20 +145,23 @@ class LocalEngineClient:
             raise RuntimeError("the engine client is not started")
         return self._engine
 
+    @property
+    def tokenizer(self) -> GatewayTokenizer:
+        if self._tokenizer is None:
+            raise RuntimeError("the engine client is not started")
+        return self._tokenizer
+
     def encode_prompt(self, prompt: str) -> list[int]:
-        return self.engine.engine.tokenizer.encode(prompt)
+        return self.tokenizer.encode_prompt(prompt)
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        tokenizer = self.engine.engine.tokenizer
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        # The template writes the special tokens itself; encoding must not add a second BOS.
-        return tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode_chat(messages)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.engine.engine.tokenizer.decode(token_ids)
+        return self.tokenizer.decode(token_ids)
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self.engine.engine.token_bytes.bytes_of(token_id)
+        return self.tokenizer.token_bytes(token_id)
 
     async def generate(
         self,
@@ -208,13 +212,3 @@ class LocalEngineClient:
 
     async def stats(self) -> EngineStats:
         return await self.engine.call(lambda engine: engine.stats())
-
-
-def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The most characters of text one token can stand for, so a text over ``max_model_len`` times it cannot fit.
-
-    A vocabulary entry is at least as long as the text it stands for: byte-level BPE writes one character
-    per byte (and a character is at least one byte), SentencePiece one per character (its byte-fallback
-    entries, ``<0x0A>``, are longer than their byte).
-    """
-    return max(len(token) for token in tokenizer.get_vocab())

@@ -1,0 +1,56 @@
+"""The model's tokenizer on the gateway's side: prompts to token ids, ids to text, a token's bytes (logprobs).
+
+Every engine client tokenizes in the gateway's process, wherever its engine runs: an engine in a process of
+its own (or on another machine) is sent token ids and never sees a text prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from engine.token_bytes import TokenBytes
+
+
+class GatewayTokenizer:
+    """Encodes prompts and chats the way the engine's model expects them."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, token_bytes: TokenBytes | None = None) -> None:
+        self.tokenizer = tokenizer
+        self._token_bytes = token_bytes or TokenBytes(tokenizer)
+
+    @classmethod
+    def load(cls, model_folder: str | Path) -> GatewayTokenizer:
+        """The tokenizer of a Hugging Face model folder (as the engine loads it)."""
+        return cls(AutoTokenizer.from_pretrained(model_folder))
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        # The template writes the special tokens itself; encoding must not add a second BOS.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes.bytes_of(token_id)
+
+    def max_prompt_chars(self, max_model_len: int) -> int:
+        """Longest text that could fit in ``max_model_len`` tokens; a longer prompt is refused without tokenizing it."""
+        return max_model_len * longest_token_chars(self.tokenizer)
+
+
+def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters of text one token can stand for, so a text over ``max_model_len`` times it cannot fit.
+
+    A vocabulary entry is at least as long as the text it stands for: byte-level BPE writes one character
+    per byte (and a character is at least one byte), SentencePiece one per character (its byte-fallback
+    entries, ``<0x0A>``, are longer than their byte).
+    """
+    return max(len(token) for token in tokenizer.get_vocab())
