@@ -26,6 +26,7 @@ from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
 from app.openai.service import OpenAIService
+from app.process_engine_client import ProcessEngineClient
 from app.settings import Settings
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
@@ -56,11 +57,17 @@ class Gateway:
     demo: DemoAccess | None = None
 
 
-def local_engine(settings: Settings) -> LocalEngineClient:
-    """The engine in this process, on the configured model (pulled on first use when it is the default)."""
+def local_engine(settings: Settings) -> EngineClient:
+    """The engine on this machine, on the configured model (pulled on first use when it is the default).
+
+    In a worker process of its own (``LORAPLEX_ENGINE=process``, the default), or on a thread of this one.
+    """
     folder = resolve_model(settings.model, settings.home)
     config = EngineConfig(model=str(folder), pool_bytes=settings.pool_bytes, max_num_seqs=settings.max_num_seqs)
-    return LocalEngineClient(config, settings.served_model_name or folder.name)
+    name = settings.served_model_name or folder.name
+    if settings.engine == "thread":
+        return LocalEngineClient(config, name)
+    return ProcessEngineClient(config, name)
 
 
 @asynccontextmanager

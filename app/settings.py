@@ -17,6 +17,8 @@ _FALSE_WORDS = ("0", "false", "no", "off")
 # A full context of a long-context model (128k tokens, about 512 KiB of text) with room for JSON escapes;
 # the default model's context fits in a few hundred KiB. Bodies are parsed before the key is checked.
 DEFAULT_MAX_REQUEST_KB = 4096
+# Where the engine runs: a worker process of its own fed over a socket, or a thread of the gateway's process.
+ENGINE_KINDS = ("process", "thread")
 
 
 class SettingsError(ValueError):
@@ -44,6 +46,9 @@ class Settings:
 
     served_model_name: str | None = None
     """Name of the base model in the API (LORAPLEX_SERVED_MODEL_NAME); None: the model folder's name."""
+
+    engine: str = "process"
+    """Where the engine runs (LORAPLEX_ENGINE): "process" (a worker process of its own) or "thread" (this one)."""
 
     pool_bytes: int | None = None
     """Bytes of the engine's page pool (LORAPLEX_POOL_MB, in MiB); None: the engine's default."""
@@ -88,6 +93,7 @@ class Settings:
             migrate_on_start=_flag(env, "LORAPLEX_MIGRATE", default=True),
             key_secret=env.get("LORAPLEX_KEY_SECRET") or None,
             served_model_name=env.get("LORAPLEX_SERVED_MODEL_NAME") or None,
+            engine=_choice(env, "LORAPLEX_ENGINE", ENGINE_KINDS),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
@@ -106,6 +112,14 @@ def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
     if not value:
         return default
     return value.strip().lower() not in _FALSE_WORDS
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first when unset)."""
+    value = (env.get(name) or choices[0]).strip().lower()
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {env.get(name)!r}")
+    return value
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

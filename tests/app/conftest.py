@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 
 from app.db.migrate import upgrade
-from app.engine_client import LocalEngineClient
+from app.engine_client import EngineClient, LocalEngineClient
 from app.model_store import resolve_model
+from app.process_engine_client import ProcessEngineClient
 from app.settings import Settings
-from tests.app.gateway_fixtures import TenantKey, make_tenant, start_default_engine, test_settings
+from tests.app.gateway_fixtures import (
+    TenantKey,
+    make_tenant,
+    start_default_engine,
+    start_process_engine,
+    test_settings,
+)
 from tests.app.live_server import LiveServer, live_server
 from tests.app.postgres import real_postgres, truncate_all
 from tests.engine.lora_helpers import make_peft_adapter
@@ -46,15 +53,30 @@ def data_home() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_engine(data_home: Path) -> Iterator[LocalEngineClient]:
-    """One engine on the real default model, shared by every app test (loading it takes seconds)."""
+def thread_engine(data_home: Path) -> Iterator[LocalEngineClient]:
+    """One engine on the real default model on a thread of this process, shared by every app test."""
     client = start_default_engine(data_home)
     yield client
     asyncio.run(client.stop())
 
 
 @pytest.fixture(scope="session")
-def tenant_adapters(default_engine: LocalEngineClient, data_home: Path, tmp_path_factory: pytest.TempPathFactory):
+def process_engine(data_home: Path) -> Iterator[ProcessEngineClient]:
+    """The same engine in a worker process of its own, started for the first test that runs on it."""
+    client = start_process_engine(data_home)
+    yield client
+    asyncio.run(client.stop())
+
+
+@pytest.fixture
+def default_engine(request: pytest.FixtureRequest) -> EngineClient:
+    """The thread engine; tests marked ``on_both_engines`` also run on the process engine."""
+    kind = getattr(request, "param", "thread")
+    return request.getfixturevalue(f"{kind}_engine")
+
+
+@pytest.fixture(scope="session")
+def tenant_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory):
     """Two small PEFT adapters for the default model that change its answers."""
     root = tmp_path_factory.mktemp("adapters")
     base = resolve_model("default", data_home)
@@ -70,7 +92,7 @@ def gateway_settings(tmp_path: Path, database_url: str) -> Settings:
 
 
 @pytest.fixture
-def server(gateway_settings: Settings, default_engine: LocalEngineClient) -> Iterator[LiveServer]:
+def server(gateway_settings: Settings, default_engine: EngineClient) -> Iterator[LiveServer]:
     """The gateway on a real port (modules that need another set-up define their own)."""
     with live_server(gateway_settings, default_engine) as running:
         yield running

@@ -11,27 +11,43 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from app.adapters.store import register_adapter
 from app.db.tables import Tenant, UsageEvent
-from app.engine_client import LocalEngineClient
+from app.engine_client import EngineClient, LocalEngineClient
 from app.factory import create_app
 from app.gateway import Gateway
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
-from app.settings import Settings
+from app.process_engine_client import ProcessEngineClient
+from app.settings import ENGINE_KINDS, Settings
 from engine import EngineConfig
 
 TEST_POOL_BYTES = 256 * 1024**2  # room for a few dozen short requests and a handful of adapters
 
+# A test (or a module's pytestmark) with this mark runs once per engine client: on a thread, in a process.
+on_both_engines = pytest.mark.parametrize("default_engine", ENGINE_KINDS, indirect=True)
+
+
+def default_engine_config(home: Path) -> EngineConfig:
+    folder = resolve_model("default", home)
+    return EngineConfig(model=str(folder), pool_bytes=TEST_POOL_BYTES, max_num_seqs=16)
+
 
 def start_default_engine(home: Path) -> LocalEngineClient:
     """The default model's engine, started; its step loop runs on its own thread across event loops."""
-    folder = resolve_model("default", home)
-    client = LocalEngineClient(
-        EngineConfig(model=str(folder), pool_bytes=TEST_POOL_BYTES, max_num_seqs=16), folder.name
-    )
+    config = default_engine_config(home)
+    client = LocalEngineClient(config, Path(config.model).name)
+    asyncio.run(client.start())
+    return client
+
+
+def start_process_engine(home: Path) -> ProcessEngineClient:
+    """The default model's engine in a worker process, started; it serves one event loop after another."""
+    config = default_engine_config(home)
+    client = ProcessEngineClient(config, Path(config.model).name)
     asyncio.run(client.start())
     return client
 
@@ -53,7 +69,7 @@ class TenantKey:
 
 @asynccontextmanager
 async def gateway_client(
-    settings: Settings, engine: LocalEngineClient
+    settings: Settings, engine: EngineClient
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
     """The app, its lifespan run on this event loop (where the test's own queries run too), and a client."""
     app = create_app(settings, engine=engine)

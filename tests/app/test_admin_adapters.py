@@ -17,7 +17,7 @@ from sqlalchemy import select
 from app.admin import adapter_service
 from app.db.tables import Adapter, AuditLog
 from app.keys.service import Scope
-from tests.app.gateway_fixtures import TenantKey, chat_body, gateway_client, make_tenant, usage_rows
+from tests.app.gateway_fixtures import TenantKey, chat_body, gateway_client, make_tenant, on_both_engines, usage_rows
 from tests.app.live_server import LiveServer, live_server
 
 pytestmark = pytest.mark.anyio
@@ -65,6 +65,7 @@ async def audit_actions(gateway) -> list[str]:
         return list(await session.scalars(select(AuditLog.action).order_by(AuditLog.id)))
 
 
+@on_both_engines
 async def test_uploaded_adapter_answers_its_tenant_within_a_second(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
@@ -100,6 +101,7 @@ async def test_uploaded_adapter_answers_its_tenant_within_a_second(gateway_setti
         assert await audit_actions(gateway) == ["adapter.upload"] * len(timings)
 
 
+@on_both_engines
 async def test_list_get_load_unload_pin_delete_round_trip(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))

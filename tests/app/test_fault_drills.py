@@ -24,7 +24,14 @@ from app.db.migrate import upgrade
 from app.engine_client import LocalEngineClient
 from engine import Engine
 from engine.outputs import EngineStats
-from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
+from tests.app.gateway_fixtures import (
+    chat_body,
+    gateway_client,
+    make_tenant,
+    on_both_engines,
+    sse_events,
+    usage_rows,
+)
 from tests.app.gateway_fixtures import test_settings as settings_on
 from tests.app.live_server import LiveServer, live_server
 
@@ -244,6 +251,7 @@ def _hang_up_at_once(url: str, headers: dict[str, str], body: dict) -> None:
         raw.sendall(head + payload)
 
 
+@on_both_engines
 def test_clients_that_disconnect_leave_the_pool_as_they_found_it(server, default_engine) -> None:
     acme = server.run(make_tenant(server.gateway, "acme"))
     baseline = _pool_at_rest(server.run(server.gateway.engine.stats()))

@@ -12,7 +12,7 @@ import pytest
 from langchain_openai import ChatOpenAI, OpenAI
 from pydantic import BaseModel
 
-from tests.app.gateway_fixtures import TenantKey
+from tests.app.gateway_fixtures import TenantKey, on_both_engines
 from tests.app.live_server import LiveServer
 
 pytestmark = pytest.mark.default_model
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.default_model
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-
+@on_both_engines
 def test_official_client_with_logprobs_and_n(server: LiveServer, acme: TenantKey, default_engine) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=acme.key, max_retries=0)
     model = default_engine.model_name

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.app.gateway_fixtures import TenantKey, chat_body, make_tenant
+from tests.app.gateway_fixtures import TenantKey, chat_body, make_tenant, on_both_engines
 from tests.app.live_server import LiveServer, live_server
 
 WAIT_S = 10.0
@@ -82,6 +82,7 @@ def test_official_openai_client_non_streaming_and_streaming(server, database_url
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="lpx_wrongkey_" + "x" * 43, max_retries=0).models.list()
 
 
+@on_both_engines
 def test_client_that_hangs_up_mid_stream_is_billed_as_cancelled(server, database_url, default_engine) -> None:
     base_url = server.url
     acme = _tenant(server, "acme")
@@ -108,6 +109,7 @@ def test_client_that_hangs_up_mid_stream_is_billed_as_cancelled(server, database
     assert stats.pages_by_owner.get("kv", 0) == 0
 
 
+@on_both_engines
 def test_metrics_health_and_ready(server, default_engine) -> None:
     base_url = server.url
     acme = _tenant(server, "acme")

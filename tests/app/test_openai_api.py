@@ -9,13 +9,14 @@ import threading
 import pytest
 
 from app.openai.prompts import OFF_LOOP_CHARS
-from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events, usage_rows
 
 pytestmark = pytest.mark.anyio
 
 CHAT = "/v1/chat/completions"
 
 
+@on_both_engines
 async def test_chat_completion_answers_with_usage_and_request_id(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
@@ -36,6 +37,7 @@ async def test_chat_completion_answers_with_usage_and_request_id(gateway_setting
         assert data["usage"]["total_tokens"] == data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"]
 
 
+@on_both_engines
 async def test_streamed_chat_ends_with_done_and_usage_chunk(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
@@ -82,6 +84,7 @@ async def test_unsupported_or_bad_parameters_get_400_naming_them(gateway_setting
         assert await usage_rows(gateway) == []  # refused before the engine: nothing to bill
 
 
+@on_both_engines
 async def test_prompt_plus_max_tokens_beyond_the_context_is_400(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
@@ -92,6 +95,7 @@ async def test_prompt_plus_max_tokens_beyond_the_context_is_400(gateway_settings
         assert str(default_engine.max_model_len) in response.json()["error"]["message"]
 
 
+@on_both_engines
 async def test_completions_take_text_or_token_ids_and_usage_rows_match(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.default_model]
 
@@ -132,6 +132,7 @@ async def test_lm_evaluation_harness_scoring_request(gateway_settings, default_e
             assert entry["rank"] is None or 1 <= entry["rank"] <= 2
 
 
+@on_both_engines
 async def test_echo_with_max_tokens_0_scores_the_prompt_only(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")

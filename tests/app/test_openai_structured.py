@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events, usage_rows
 
 pytestmark = [pytest.mark.anyio, pytest.mark.default_model]
 
@@ -84,6 +84,7 @@ async def test_json_object_parses_whenever_it_stops(gateway_settings, default_en
             assert choice["finish_reason"] == "length"
 
 
+@on_both_engines
 async def test_structured_outputs_choice_and_regex_on_both_routes(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
@@ -104,6 +105,7 @@ async def test_structured_outputs_choice_and_regex_on_both_routes(gateway_settin
         assert len(choice["text"]) == 4 and choice["text"].isdigit() and choice["finish_reason"] == "stop"
 
 
+@on_both_engines
 @pytest.mark.parametrize("stream", [False, True])
 async def test_named_and_required_tool_calls_validate(gateway_settings, default_engine, stream: bool) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
@@ -177,6 +179,7 @@ async def test_a_conversation_with_tool_results_is_rendered_and_answered(gateway
         assert response.json()["choices"][0]["message"]["content"]
 
 
+@on_both_engines
 @pytest.mark.parametrize(
     ("fields", "param", "says"),
     [

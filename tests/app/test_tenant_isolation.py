@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines
 
 pytestmark = pytest.mark.anyio
 
 NOT_FOUND = "does not exist or you do not have access to it"
 
 
+@on_both_engines
 async def test_adapter_is_usable_and_listed_by_its_tenant_only(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme", adapters={"alpha": tenant_adapters["alpha"]})
