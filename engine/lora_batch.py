@@ -11,8 +11,10 @@ import torch
 from engine.adapter_cache import AdapterEntry
 from engine.config import ModelConfig
 from engine.lora_config import projection_shapes
+from kernels.backend import KernelBackend
 from kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
 from kernels.sgmv_fused import sgmv_fused
+from kernels.sgmv_fused_native import SgmvNativePlan, plan_sgmv_native
 from kernels.sgmv_fused_torch import SgmvFusedPlan, plan_sgmv_fused_torch
 
 MODULE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -26,7 +28,7 @@ MODULE_GROUPS: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True, slots=True)
 class LoraGroup:
     meta: SgmvMetadata
-    plan: SgmvFusedPlan | None  # the CPU implementation's plan; None on CUDA
+    plan: SgmvFusedPlan | SgmvNativePlan | None  # the CPU implementation's plan (the backend's); None on CUDA
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +37,26 @@ class LoraStep:
 
     groups: dict[str, LoraGroup]
     page_elems: int
+    backend: KernelBackend = KernelBackend.TORCH
 
     def apply(self, name: str, x: torch.Tensor, y: torch.Tensor, layer: int, storage: torch.Tensor) -> None:
         """``y += x @ A.T @ B.T`` per token with its adapter's rows of ``layer``, for group ``name``."""
         group = self.groups.get(name)
         if group is None:
             return
-        sgmv_fused(x, storage, group.meta, layer * self.page_elems, y, plan=group.plan)
+        sgmv_fused(x, storage, group.meta, layer * self.page_elems, y, plan=group.plan, backend=self.backend)
 
 
 def build_lora_step(
     runs: list[tuple[int, AdapterEntry | None]],
     model: ModelConfig,
     storage: torch.Tensor,
+    backend: KernelBackend = KernelBackend.TORCH,
 ) -> LoraStep | None:
-    """Tables for the step's token runs (``(num_tokens, adapter)`` in token order); None without adapters."""
+    """Tables for the step's token runs (``(num_tokens, adapter)`` in token order); None without adapters.
+
+    ``backend`` picks which CPU implementation the plans are for (one per step and group).
+    """
     if all(entry is None for _, entry in runs):
         return None
     segments = _merge_runs(runs)
@@ -73,9 +80,11 @@ def build_lora_step(
         meta = build_sgmv_metadata(
             specs, row_addr, in_dim, [shapes[m][1] for m in modules], device=storage.device
         )
-        plan = plan_sgmv_fused_torch(storage, meta) if storage.device.type == "cpu" else None
+        plan = None
+        if storage.device.type == "cpu":
+            plan = plan_sgmv_native(meta) if backend is KernelBackend.NATIVE else plan_sgmv_fused_torch(storage, meta)
         groups[name] = LoraGroup(meta, plan)
-    return LoraStep(groups, storage.shape[2])
+    return LoraStep(groups, storage.shape[2], backend)
 
 
 def _merge_runs(runs: list[tuple[int, AdapterEntry | None]]) -> list[tuple[int, AdapterEntry | None]]:

@@ -215,3 +215,23 @@ def check_sgmv_metadata(meta: SgmvMetadata, device: torch.device) -> None:
             raise ValueError(f"meta.{name} must be {dtype} of shape {shape}, got {tensor.dtype} {tuple(tensor.shape)}")
         if not tensor.is_contiguous() or tensor.device != device:
             raise ValueError(f"meta.{name} must be contiguous and on {device}, got {tensor.device}")
+
+
+def segment_items(meta: SgmvMetadata) -> list[int]:
+    """Each segment's item, -1 for a segment that reads no rows.
+
+    An item is one set of adapter rows (the same A and Bᵀ rows of every module): segments that name the
+    same rows, such as the decode tokens of one adapter scattered through a step, share one item, so an
+    implementation can read those rows once for all of their tokens. Items are numbered in the order of
+    their first segment.
+    """
+    starts = meta.seg_starts_list
+    item_of_signature: dict[tuple[tuple[int, ...], ...], int] = {}
+    item_of_segment = []
+    for s in range(meta.num_segments):
+        if starts[s + 1] > starts[s] and any(meta.ranks_list[s]):
+            signature = (meta.row_start_a_list[s], meta.row_start_b_list[s], meta.ranks_list[s])
+            item_of_segment.append(item_of_signature.setdefault(signature, len(item_of_signature)))
+        else:
+            item_of_segment.append(-1)
+    return item_of_segment

@@ -1,12 +1,15 @@
 """SGMV shrink then expand in one call, ``y += (x @ Aᵀ) @ Bᵀ`` per segment: what the engine runs per layer
-and module group. On CUDA the two Triton kernels in turn; on CPU one fused torch pass, which needs no
-intermediate ``v`` in the separate ops' layout and so makes a few calls per layer instead of one per batch
-of equal rank (see :mod:`kernels.sgmv_fused_torch`)."""
+and module group. On CUDA the two Triton kernels in turn; on CPU the native op (one call reading the pool
+in place, see :mod:`kernels.sgmv_fused_native`) or one fused torch pass, which needs no intermediate ``v``
+in the separate ops' layout and so makes a few calls per layer instead of one per batch of equal rank
+(see :mod:`kernels.sgmv_fused_torch`)."""
 
 import torch
 
+from kernels.backend import KernelBackend
 from kernels.lora_metadata import SgmvMetadata
 from kernels.sgmv_expand import check_output, sgmv_expand_triton
+from kernels.sgmv_fused_native import SgmvNativePlan, sgmv_fused_native
 from kernels.sgmv_fused_torch import SgmvFusedPlan, sgmv_fused_torch
 from kernels.sgmv_shrink import check_shrink_inputs, sgmv_shrink_triton
 
@@ -17,7 +20,8 @@ def sgmv_fused(
     meta: SgmvMetadata,
     layer_offset: int,
     y: torch.Tensor,
-    plan: SgmvFusedPlan | None = None,
+    plan: SgmvFusedPlan | SgmvNativePlan | None = None,
+    backend: KernelBackend = KernelBackend.TORCH,
 ) -> None:
     """Add each segment's LoRA delta of this layer into y, in place: shrink then expand, fused on CPU.
 
@@ -27,8 +31,9 @@ def sgmv_fused(
         meta: the group's ``SgmvMetadata`` for this step; tensors on x's device.
         layer_offset: ``layer * P``, added to every row address.
         y: [num_tokens, y_width], x's dtype, contiguous; the group's fused output, added to in place.
-        plan: the CPU implementation's plan from ``plan_sgmv_fused_torch`` (build it once per step and
-            group); None plans on the fly. Ignored on CUDA.
+        plan: the CPU implementation's plan from ``plan_sgmv_fused_torch`` or ``plan_sgmv_native`` (build
+            it once per step and group, for the backend in use); None plans on the fly. Ignored on CUDA.
+        backend: the CPU implementation (NATIVE needs float32); ignored on CUDA.
 
     Semantics: ``sgmv_expand(sgmv_shrink(x, storage, meta, layer_offset), storage, meta, layer_offset, y)``.
     """
@@ -39,4 +44,11 @@ def sgmv_fused(
     check_output(y, meta)
     if y.dtype != x.dtype:
         raise ValueError(f"y is {y.dtype}, need x's {x.dtype}")
+    if backend is KernelBackend.NATIVE:
+        if plan is not None and not isinstance(plan, SgmvNativePlan):
+            raise ValueError("the native backend takes a plan from plan_sgmv_native")
+        sgmv_fused_native(x, storage, meta, layer_offset, y, plan)
+        return
+    if plan is not None and not isinstance(plan, SgmvFusedPlan):
+        raise ValueError("the torch backend takes a plan from plan_sgmv_fused_torch")
     sgmv_fused_torch(x, storage, meta, layer_offset, y, plan)

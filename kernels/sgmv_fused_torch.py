@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kernels.lora_metadata import SgmvMetadata
+from kernels.lora_metadata import SgmvMetadata, segment_items
 from kernels.sgmv_torch import layer_pieces, sgmv_expand_torch, sgmv_shrink_torch
 from kernels.sgmv_torch_plan import MAX_SHORT_LEN, SgmvTorchPlan, plan_sgmv_torch
 
@@ -77,7 +77,7 @@ def plan_sgmv_fused_torch(storage: torch.Tensor, meta: SgmvMetadata) -> SgmvFuse
 
     ``storage`` ([num_pages, num_layers, P]) gives P, the dtype and the device; its contents are not read.
     """
-    item_of_segment = _items(meta)
+    item_of_segment = segment_items(meta)
     starts = meta.seg_starts_list
     short_items = {
         item for s, item in enumerate(item_of_segment) if item >= 0 and starts[s + 1] - starts[s] <= MAX_SHORT_LEN
@@ -119,20 +119,6 @@ def plan_sgmv_fused_torch(storage: torch.Tensor, meta: SgmvMetadata) -> SgmvFuse
         long=_plan_long(meta, item_of_segment, cols, b_starts),
         separate=None,
     )
-
-
-def _items(meta: SgmvMetadata) -> list[int]:
-    """Each segment's item (the adapter rows it reads; segments naming the same rows share one), -1 for none."""
-    starts = meta.seg_starts_list
-    item_of_signature: dict[tuple[tuple[int, ...], ...], int] = {}
-    item_of_segment = []
-    for s in range(meta.num_segments):
-        if starts[s + 1] > starts[s] and any(meta.ranks_list[s]):
-            signature = (meta.row_start_a_list[s], meta.row_start_b_list[s], meta.ranks_list[s])
-            item_of_segment.append(item_of_signature.setdefault(signature, len(item_of_signature)))
-        else:
-            item_of_segment.append(-1)
-    return item_of_segment
 
 
 class _Columns:

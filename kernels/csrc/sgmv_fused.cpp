@@ -1,0 +1,205 @@
+// SGMV shrink then expand, fused, reading adapter rows from the page pool in place
+// (semantics: kernels/sgmv_fused.py::sgmv_fused; the plan: kernels/sgmv_native_plan.py).
+//
+// Work comes as items (one adapter's rows for the module group: every token that reads them, wherever it
+// sits in the step), so an adapter's rows are read once per tile of its tokens, not once per token. An
+// item's module with rank r runs as tiles of at most kTileTokens tokens:
+//   v[k, j] = x[token_k] . A_j                      (j < r; A_j is in_dim long)
+//   y[token_k, out_offset:out_offset + out_dim] += sum_j v[k, j] * Bt_j
+// Different modules write different columns of y and different tiles different rows, so the work items
+// run on the threads with no locking.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "ops.h"
+#include "vec8.h"
+
+namespace loraplex {
+namespace {
+
+// Tokens per work item: a tile's A and Bt rows stay in L1 while each of its tokens reads them.
+constexpr int64_t kTileTokens = 16;
+// Below this many multiply-adds in a call, handing work to a second thread costs more than it saves.
+constexpr int64_t kMinParallelMacs = 1 << 16;
+
+struct Tile {
+  int32_t item;
+  int32_t module;
+  int32_t first;  // into the item's tokens
+  int32_t end;
+};
+
+struct Problem {
+  const float* x;
+  int64_t x_stride;
+  float* y;
+  int64_t y_stride;
+  const float* pool;  // storage + layer_offset: row addresses index from here
+  int64_t in_dim;
+  int64_t num_modules;
+  const int32_t* token_ids;
+  const int32_t* item_starts;
+  const int32_t* row_start_a;
+  const int32_t* row_start_b;
+  const int32_t* ranks;
+  const int64_t* row_addr;
+  const int32_t* out_dims;
+  const int32_t* out_offsets;
+};
+
+float dot(const float* a, const float* b, int64_t n) {
+  const int64_t vec_end = n - n % (2 * kLanes);
+  F8 acc0 = zero8(), acc1 = zero8();
+  for (int64_t i = 0; i < vec_end; i += 2 * kLanes) {
+    acc0 = fma8(load8(a + i), load8(b + i), acc0);
+    acc1 = fma8(load8(a + i + kLanes), load8(b + i + kLanes), acc1);
+  }
+  float sum = hsum8(add8(acc0, acc1));
+  for (int64_t i = vec_end; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y[0:n] += sum_j v[j] * rows[j][0:n]
+void expand_row(float* y, const float* v, const float* const* rows, int rank, int64_t n) {
+  const int64_t vec_end = n - n % kLanes;
+  for (int64_t c = 0; c < vec_end; c += kLanes) {
+    F8 acc = load8(y + c);
+    for (int j = 0; j < rank; ++j) acc = fma8(splat8(v[j]), load8(rows[j] + c), acc);
+    store8(y + c, acc);
+  }
+  for (int64_t c = vec_end; c < n; ++c) {
+    float acc = y[c];
+    for (int j = 0; j < rank; ++j) acc += v[j] * rows[j][c];
+    y[c] = acc;
+  }
+}
+
+void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::vector<const float*>& rows) {
+  const int64_t at = static_cast<int64_t>(tile.item) * pb.num_modules + tile.module;
+  const int rank = pb.ranks[at];
+  const int32_t* tokens = pb.token_ids + pb.item_starts[tile.item];
+  const int64_t out_dim = pb.out_dims[tile.module], out_offset = pb.out_offsets[tile.module];
+  const int num_tokens = tile.end - tile.first;
+  v.resize(static_cast<size_t>(num_tokens) * rank);
+  rows.resize(rank);
+  for (int j = 0; j < rank; ++j) {
+    const float* a = pb.pool + pb.row_addr[pb.row_start_a[at] + j];
+    for (int k = 0; k < num_tokens; ++k) {
+      v[static_cast<size_t>(k) * rank + j] = dot(pb.x + tokens[tile.first + k] * pb.x_stride, a, pb.in_dim);
+    }
+  }
+  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_b[at] + j];
+  for (int k = 0; k < num_tokens; ++k) {
+    float* y = pb.y + tokens[tile.first + k] * pb.y_stride + out_offset;
+    expand_row(y, v.data() + static_cast<size_t>(k) * rank, rows.data(), rank, out_dim);
+  }
+}
+
+void check_int_tensor(const at::Tensor& t, at::ScalarType dtype, const char* name, std::vector<int64_t> shape) {
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.is_contiguous() && t.device().is_cpu(), "sgmv_fused: ", name,
+                    " must be a contiguous ", dtype, " CPU tensor");
+  TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "sgmv_fused: ", name, " must have shape ", shape,
+                    ", got ", t.sizes());
+}
+
+}  // namespace
+
+void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_offset, const at::Tensor& token_ids,
+                const at::Tensor& item_starts, const at::Tensor& row_start_a, const at::Tensor& row_start_b,
+                const at::Tensor& ranks, const at::Tensor& row_addr, const at::Tensor& out_dims,
+                const at::Tensor& out_offsets, const at::Tensor& y) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
+                    "sgmv_fused: x must be a float32 CPU tensor [num_tokens, in_dim] with contiguous rows");
+  TORCH_CHECK_VALUE(y.dim() == 2 && y.scalar_type() == at::kFloat && y.device().is_cpu() && y.stride(1) == 1 &&
+                        y.size(0) == x.size(0),
+                    "sgmv_fused: y must be a float32 CPU tensor [num_tokens, y_width] with contiguous rows");
+  TORCH_CHECK_VALUE(storage.scalar_type() == at::kFloat && storage.is_contiguous() && storage.device().is_cpu(),
+                    "sgmv_fused: storage must be the contiguous float32 page pool");
+  const int64_t num_items = item_starts.numel() - 1, num_modules = out_dims.numel();
+  TORCH_CHECK_VALUE(num_items >= 0 && num_modules >= 1, "sgmv_fused: need item_starts and one module at least");
+  check_int_tensor(item_starts, at::kInt, "item_starts", {num_items + 1});
+  check_int_tensor(row_start_a, at::kInt, "row_start_a", {num_items, num_modules});
+  check_int_tensor(row_start_b, at::kInt, "row_start_b", {num_items, num_modules});
+  check_int_tensor(ranks, at::kInt, "ranks", {num_items, num_modules});
+  check_int_tensor(out_dims, at::kInt, "out_dims", {num_modules});
+  check_int_tensor(out_offsets, at::kInt, "out_offsets", {num_modules});
+  check_int_tensor(token_ids, at::kInt, "token_ids", {token_ids.numel()});
+  check_int_tensor(row_addr, at::kLong, "row_addr", {row_addr.numel()});
+
+  Problem pb{x.data_ptr<float>(),         x.stride(0),
+             y.data_ptr<float>(),         y.stride(0),
+             storage.data_ptr<float>() + layer_offset,
+             x.size(1),                   num_modules,
+             token_ids.data_ptr<int32_t>(), item_starts.data_ptr<int32_t>(),
+             row_start_a.data_ptr<int32_t>(), row_start_b.data_ptr<int32_t>(),
+             ranks.data_ptr<int32_t>(),   row_addr.data_ptr<int64_t>(),
+             out_dims.data_ptr<int32_t>(), out_offsets.data_ptr<int32_t>()};
+
+  // Every address read must fall inside the pool and every token inside x: checked once per call.
+  const int64_t pool_elems = storage.numel() - layer_offset, num_tokens = x.size(0), num_rows = row_addr.numel();
+  TORCH_CHECK_VALUE(layer_offset >= 0 && pool_elems > 0, "sgmv_fused: layer_offset ", layer_offset,
+                    " is outside the pool");
+  TORCH_CHECK_VALUE(pb.item_starts[0] == 0 && pb.item_starts[num_items] == token_ids.numel(),
+                    "sgmv_fused: item_starts must run from 0 to the number of token_ids");
+  std::vector<Tile> tiles;
+  int64_t macs = 0;
+  for (int64_t i = 0; i < num_items; ++i) {
+    const int32_t first = pb.item_starts[i], end = pb.item_starts[i + 1];
+    TORCH_CHECK_VALUE(first <= end, "sgmv_fused: item_starts must not decrease");
+    for (int32_t k = first; k < end; ++k) {
+      TORCH_CHECK_VALUE(pb.token_ids[k] >= 0 && pb.token_ids[k] < num_tokens, "sgmv_fused: token id ",
+                        pb.token_ids[k], " is outside x's ", num_tokens, " rows");
+    }
+    for (int64_t m = 0; m < num_modules; ++m) {
+      const int64_t at = i * num_modules + m;
+      const int rank = pb.ranks[at];
+      if (rank == 0 || end == first) continue;
+      const int64_t out_dim = pb.out_dims[m];
+      TORCH_CHECK_VALUE(pb.out_offsets[m] >= 0 && pb.out_offsets[m] + out_dim <= y.size(1),
+                        "sgmv_fused: module ", m, "'s columns fall outside y");
+      for (int j = 0; j < rank; ++j) {
+        const int64_t a_row = pb.row_start_a[at] + j, b_row = pb.row_start_b[at] + j;
+        TORCH_CHECK_VALUE(a_row >= 0 && a_row < num_rows && b_row >= 0 && b_row < num_rows,
+                          "sgmv_fused: item ", i, " module ", m, " reads rows outside row_addr");
+        TORCH_CHECK_VALUE(pb.row_addr[a_row] >= 0 && pb.row_addr[a_row] + pb.in_dim <= pool_elems &&
+                              pb.row_addr[b_row] >= 0 && pb.row_addr[b_row] + out_dim <= pool_elems,
+                          "sgmv_fused: item ", i, " module ", m, " reads past the pool");
+      }
+      for (int32_t t = 0; t < end - first; t += kTileTokens) {
+        tiles.push_back({static_cast<int32_t>(i), static_cast<int32_t>(m), t,
+                         static_cast<int32_t>(std::min<int64_t>(t + kTileTokens, end - first))});
+      }
+      macs += static_cast<int64_t>(end - first) * rank * (pb.in_dim + out_dim);
+    }
+  }
+  if (tiles.empty()) return;
+  const int64_t num_threads =
+      macs < kMinParallelMacs ? 1 : std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
+  std::atomic<size_t> next{0};
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+  {
+    std::vector<float> v;
+    std::vector<const float*> rows;
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < tiles.size();
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      run_tile(pb, tiles[i], v, rows);
+    }
+  }
+}
+
+}  // namespace loraplex
+
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(loraplex, m) {
+  m.def(
+      "sgmv_fused(Tensor x, Tensor storage, int layer_offset, Tensor token_ids, Tensor item_starts, "
+      "Tensor row_start_a, Tensor row_start_b, Tensor ranks, Tensor row_addr, Tensor out_dims, Tensor out_offsets, "
+      "Tensor(a!) y) -> ()",
+      &loraplex::sgmv_fused);
+}
