@@ -105,6 +105,24 @@ inline void scale_row(float* row, float factor, int head_dim) {
   for (int d = 0; d < head_dim; d += kLanes) store8(row + d, mul8(load8(row + d), f));
 }
 
+// One query vector's online softmax step over a block of scores (log2 units): masks the lanes past its
+// position, rescales its running sum and accumulator when the max grows, returns the block's weights.
+inline F8 softmax_step(F8 scores, int num_live, float& row_max, float& row_sum, float* acc_row, int head_dim) {
+  if (num_live < kKeysPerBlock) scores = keep_lanes8(scores, (1 << num_live) - 1, kNegInf);
+  const float block_max = hmax8(scores);
+  if (block_max > row_max) {
+    if (row_max != kNegInf) {
+      const float alpha = std::exp2(row_max - block_max);
+      row_sum *= alpha;
+      scale_row(acc_row, alpha, head_dim);
+    }
+    row_max = block_max;
+  }
+  const F8 p = exp2_8(sub8(scores, splat8(row_max)));
+  row_sum += hsum8(p);
+  return p;
+}
+
 // Copies the eight K (and V) rows of one kv head into contiguous scratch: one base address for the
 // inner loops, and the reads of a page stay sequential.
 template <int kHeadDim>
@@ -198,23 +216,12 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       gather8<kHeadDim>(k_rows, head_offset, scratch.keys, head_dim);
       gather8<kHeadDim>(v_rows, head_offset, scratch.values, head_dim);
       for (int r = r_first; r < num_rows; ++r) {
-        const int num_live = first_pos + r - j0 + 1;  // keys j0 .. position of row r
+        const int num_live = first_pos + r - j0 + 1;  // keys j0 .. the position of row r
         for (int g = 0; g < group; ++g) {
           const int m = h * vectors_per_head + r * group + g;
           float* acc_row = acc + static_cast<int64_t>(m) * head_dim;
-          F8 scores = score8<kHeadDim>(queries + static_cast<int64_t>(m) * head_dim, scratch.keys, head_dim);
-          if (num_live < kKeysPerBlock) scores = keep_lanes8(scores, (1 << num_live) - 1, kNegInf);
-          const float block_max = hmax8(scores);
-          if (block_max > row_max[m]) {
-            if (row_max[m] != kNegInf) {
-              const float alpha = std::exp2(row_max[m] - block_max);
-              row_sum[m] *= alpha;
-              scale_row(acc_row, alpha, head_dim);
-            }
-            row_max[m] = block_max;
-          }
-          const F8 p = exp2_8(sub8(scores, splat8(row_max[m])));
-          row_sum[m] += hsum8(p);
+          const F8 scores = score8<kHeadDim>(queries + static_cast<int64_t>(m) * head_dim, scratch.keys, head_dim);
+          const F8 p = softmax_step(scores, num_live, row_max[m], row_sum[m], acc_row, head_dim);
           accumulate8<kHeadDim>(acc_row, p, scratch.values, head_dim);
         }
       }

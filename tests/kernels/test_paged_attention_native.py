@@ -10,6 +10,7 @@ import torch
 from kernels.backend import KernelBackend
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
+from tests.kernels import test_paged_attention
 from tests.kernels.test_paged_attention import (
     BATCHES,
     HEAD_DIMS,
@@ -57,6 +58,15 @@ def test_native_matches_float64_reference_and_torch(native, kind: str, num_kv_he
     assert_close(out.double(), expected, tol=TOL, seed=seed)
     assert_close(out, torch_out, tol=TOL, seed=seed)
     assert_close(dispatched, out, tol=0.0, seed=seed)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 32])
+def test_native_any_block_size(native, block_size: int, seed: int, monkeypatch: pytest.MonkeyPatch):
+    """Pages smaller than the eight keys scored at once (a block of keys spans pages) and larger ones."""
+    monkeypatch.setattr(test_paged_attention, "BLOCK_SIZE", block_size)  # read by make_batch and reference
+    batch = make_batch(BATCHES["mixed"] + [(40, 75)], 3, 3, 64, torch.float32, seed)
+    assert batch.kv_cache.shape[2] == block_size
+    assert_close(run_native(native, batch).double(), reference(batch), tol=TOL, seed=seed)
 
 
 @pytest.mark.parametrize(("num_kv_heads", "group"), HEADS)

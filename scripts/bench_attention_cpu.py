@@ -1,0 +1,157 @@
+"""CPU cost of paged attention per step: the native op against the torch implementation.
+
+SmolLM2-135M's shapes (9 heads, 3 kv heads, head_dim 64, block_size 16, 30 layers) in a pool laid out
+as the engine's (``[num_pages, num_layers, P]``, each sequence's pages scattered over the pool). Two
+steps, as issue 16's workload makes them:
+
+- decode: 64 rows, contexts drawn from 64 to 200 tokens;
+- prefill: 4 to 8 chunks totalling 512 rows, each chunk the end of a context of up to 2x its length
+  (a chunk that starts mid-prompt reads the earlier chunks' keys);
+- long_prefill: one chunk of 512 rows ending a 3072-token prompt (the last chunk of a long prompt).
+
+A step is one attention call per layer over all 30 layers (each layer reads its own slice of the pool,
+as the model does). The torch path gets the decode buckets planned once per step, as the engine builds
+them. Both paths run in alternating rounds on the same inputs; medians of the rounds are reported. The
+host is shared, so single rounds are noisy.
+
+    python scripts/bench_attention_cpu.py --json     # last line: one JSON object
+"""
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
+from kernels.backend import KernelBackend
+from kernels.native_cpu import native_ops, unavailable_reason
+from kernels.paged_attention import paged_attention
+
+NUM_LAYERS = 30
+NUM_HEADS = 9
+NUM_KV_HEADS = 3
+HEAD_DIM = 64
+BLOCK_SIZE = 16
+DECODE_ROWS = 64
+PREFILL_ROWS = 512
+LONG_CONTEXT = 3072
+
+
+def make_step(
+    seqs: list[tuple[int, int]], rng: random.Random
+) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+    """q, the pool and the metadata for sequences of (query rows, context length), decode rows first."""
+    blocks = [-(-seq_len // BLOCK_SIZE) for _, seq_len in seqs]
+    num_pages = sum(blocks) + 8
+    page_ids = list(range(num_pages))
+    rng.shuffle(page_ids)
+    max_blocks = max(blocks)
+    table = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)  # [num_seqs, max_blocks]
+    taken = 0
+    for s, num_blocks in enumerate(blocks):
+        table[s, :num_blocks] = torch.tensor(page_ids[taken : taken + num_blocks], dtype=torch.int32)
+        taken += num_blocks
+    page_elems = BLOCK_SIZE * 2 * NUM_KV_HEADS * HEAD_DIM
+    storage = torch.randn(num_pages, NUM_LAYERS, page_elems)  # [num_pages, layers, P]
+    q_lens = [q_len for q_len, _ in seqs]
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    q = torch.randn(starts[-1], NUM_HEADS, HEAD_DIM)  # [num_tokens, heads, head_dim]
+    num_decode = sum(q_len == 1 for q_len in q_lens)
+    seq_lens = [seq_len for _, seq_len in seqs]
+    meta = PagedAttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),  # [num_seqs + 1]
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),  # [num_seqs]
+        block_tables=table,
+        token_to_seq=torch.repeat_interleave(torch.arange(len(seqs), dtype=torch.int32), torch.tensor(q_lens)),
+        num_decode_seqs=num_decode,
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        query_start_loc_list=tuple(starts),
+        seq_lens_list=tuple(seq_lens),
+    )
+    return q, storage, meta
+
+
+def decode_seqs(rng: random.Random) -> list[tuple[int, int]]:
+    return sorted(((1, rng.randint(64, 200)) for _ in range(DECODE_ROWS)), key=lambda s: s[1])
+
+
+def prefill_seqs(rng: random.Random) -> list[tuple[int, int]]:
+    num_chunks = rng.randint(4, 8)
+    cuts = sorted(rng.sample(range(1, PREFILL_ROWS), num_chunks - 1))
+    lens = [b - a for a, b in zip([0, *cuts], [*cuts, PREFILL_ROWS], strict=True)]
+    return [(q_len, q_len + rng.randint(0, q_len)) for q_len in lens]
+
+
+def long_prefill_seqs(rng: random.Random) -> list[tuple[int, int]]:
+    return [(PREFILL_ROWS, LONG_CONTEXT)]
+
+
+SEQS = {"decode": decode_seqs, "prefill": prefill_seqs, "long_prefill": long_prefill_seqs}
+
+
+def step_ms(q: torch.Tensor, storage: torch.Tensor, meta: PagedAttentionMetadata, backend: KernelBackend) -> float:
+    """One step: an attention call per layer, each reading its own layer of the pool."""
+    num_pages = storage.shape[0]
+    start = time.perf_counter()
+    for layer in range(NUM_LAYERS):
+        kv = storage[:, layer].view(num_pages, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)  # [pages, 2, bs, kvh, D]
+        paged_attention(q, kv, meta, HEAD_DIM**-0.5, backend)
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(kind: str, rounds: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    seqs = SEQS[kind](rng)
+    q, storage, meta = make_step(seqs, rng)
+    torch_meta = dataclasses.replace(
+        meta,
+        decode_buckets=plan_decode_buckets(
+            meta.seq_lens_list, meta.block_tables, meta.num_decode_seqs, BLOCK_SIZE, torch.float32
+        ),
+    )
+    runs = {"torch": (torch_meta, KernelBackend.TORCH), "native": (meta, KernelBackend.NATIVE)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for m, backend in runs.values():  # warm-up
+        step_ms(q, storage, m, backend)
+    for _ in range(rounds):
+        for name, (m, backend) in runs.items():
+            times[name].append(step_ms(q, storage, m, backend))
+    torch_ms, native_ms = statistics.median(times["torch"]), statistics.median(times["native"])
+    return {
+        "rows": q.shape[0],
+        "seqs": meta.num_seqs,
+        "torch_ms": round(torch_ms, 2),
+        "native_ms": round(native_ms, 2),
+        "speedup": round(torch_ms / native_ms, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=15, help="alternating rounds of each path")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args(argv)
+    if native_ops() is None:
+        sys.stderr.write(f"the native kernels are unavailable: {unavailable_reason()}\n")
+        return 1
+    results = {"threads": torch.get_num_threads(), "rounds": args.rounds}
+    for kind in SEQS:
+        results[kind] = measure(kind, args.rounds, args.seed)
+        line = ", ".join(f"{k} {v}" for k, v in results[kind].items())
+        sys.stdout.write(f"{kind} step (30 layers): {line}\n")
+    if args.json:
+        sys.stdout.write(json.dumps(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
