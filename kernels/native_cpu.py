@@ -113,6 +113,9 @@ def _build_key(flags: list[str]) -> str:
     digest.update(torch.__version__.encode())
     digest.update(" ".join(flags).encode())
     digest.update(_cpu_flags().encode())
+    # torch rebuilds a library whose sources moved (their paths are part of its build arguments): two
+    # checkouts on one machine get a build each instead of rebuilding over each other's.
+    digest.update(str(CSRC.resolve()).encode())
     return digest.hexdigest()[:16]
 
 

@@ -14,4 +14,9 @@ TORCH_LIBRARY(loraplex, m) {
       "int num_heads, int num_kv_heads) -> ()",
       &loraplex::rope_kv_write);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &loraplex::silu_mul);
+  m.def(
+      "sgmv_fused(Tensor x, Tensor storage, int layer_offset, Tensor token_ids, Tensor item_starts, "
+      "Tensor row_start_a, Tensor row_start_b, Tensor ranks, Tensor row_addr, Tensor out_dims, Tensor out_offsets, "
+      "Tensor(a!) y) -> ()",
+      &loraplex::sgmv_fused);
 }

@@ -100,7 +100,7 @@ void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::v
   }
 }
 
-void check_int_tensor(const at::Tensor& t, at::ScalarType dtype, const char* name, std::vector<int64_t> shape) {
+void check_int_tensor(const at::Tensor& t, at::ScalarType dtype, const char* name, at::IntArrayRef shape) {
   TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.is_contiguous() && t.device().is_cpu(), "sgmv_fused: ", name,
                     " must be a contiguous ", dtype, " CPU tensor");
   TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(shape), "sgmv_fused: ", name, " must have shape ", shape,
@@ -193,13 +193,3 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
 }
 
 }  // namespace loraplex
-
-#include <torch/library.h>
-
-TORCH_LIBRARY_FRAGMENT(loraplex, m) {
-  m.def(
-      "sgmv_fused(Tensor x, Tensor storage, int layer_offset, Tensor token_ids, Tensor item_starts, "
-      "Tensor row_start_a, Tensor row_start_b, Tensor ranks, Tensor row_addr, Tensor out_dims, Tensor out_offsets, "
-      "Tensor(a!) y) -> ()",
-      &loraplex::sgmv_fused);
-}

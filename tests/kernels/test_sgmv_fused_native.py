@@ -24,6 +24,8 @@ from tests.kernels.test_sgmv import (
 )
 from tests.kernels.test_sgmv_fused import reference_fused
 
+pytestmark = pytest.mark.usefixtures("native")
+
 # More tokens than one of the op's tiles (16), so an item's tokens span several work items.
 LONG_TOKENS = 41
 
