@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.engine_tokenizer import GatewayTokenizer
+from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
 from engine import Engine, EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
@@ -106,7 +106,7 @@ class EngineClient(Protocol):
     async def stats(self) -> EngineStats: ...
 
 
-class LocalEngineClient:
+class LocalEngineClient(TokenizingClient):
     """An engine in this process, its step loop on a thread of its own."""
 
     def __init__(self, config: EngineConfig, model_name: str) -> None:
@@ -144,24 +144,6 @@ class LocalEngineClient:
         if self._engine is None:
             raise RuntimeError("the engine client is not started")
         return self._engine
-
-    @property
-    def tokenizer(self) -> GatewayTokenizer:
-        if self._tokenizer is None:
-            raise RuntimeError("the engine client is not started")
-        return self._tokenizer
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode_prompt(prompt)
-
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self.tokenizer.encode_chat(messages)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
 
     async def generate(
         self,

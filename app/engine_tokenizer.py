@@ -54,3 +54,30 @@ def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
     entries, ``<0x0A>``, are longer than their byte).
     """
     return max(len(token) for token in tokenizer.get_vocab())
+
+
+class TokenizingClient:
+    """The tokenizer half of an engine client: every method the EngineClient protocol tokenizes with.
+
+    A client sets ``_tokenizer`` when it starts; before that these raise.
+    """
+
+    _tokenizer: GatewayTokenizer | None
+
+    @property
+    def tokenizer(self) -> GatewayTokenizer:
+        if self._tokenizer is None:
+            raise RuntimeError("the engine client is not started")
+        return self._tokenizer
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode_prompt(prompt)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.tokenizer.encode_chat(messages)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)

@@ -19,7 +19,7 @@ import itertools
 import logging
 import multiprocessing
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -29,7 +29,7 @@ import msgspec
 
 from app.engine_channel import FrameChannel
 from app.engine_client import AdapterInfo
-from app.engine_tokenizer import GatewayTokenizer
+from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import EngineDeadError, EngineError, RequestError, RequestFailedError, UnknownAdapterError
 from engine.output_delta import OutputAssembler
@@ -83,7 +83,7 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_result(result)
 
 
-class ProcessEngineClient:
+class ProcessEngineClient(TokenizingClient):
     """An engine in a worker process; the tokenizer, the routing of outputs and the adapter names stay here."""
 
     def __init__(self, config: EngineConfig, model_name: str) -> None:
@@ -161,24 +161,6 @@ class ProcessEngineClient:
     def is_ready(self) -> bool:
         process = self._process
         return self._started and self._dead is None and process is not None and process.is_alive()
-
-    @property
-    def tokenizer(self) -> GatewayTokenizer:
-        if self._tokenizer is None:
-            raise RuntimeError("the engine client is not started")
-        return self._tokenizer
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode_prompt(prompt)
-
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self.tokenizer.encode_chat(messages)
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.token_bytes(token_id)
 
     async def generate(
         self,
