@@ -25,6 +25,8 @@ from engine.grammar import GrammarError
 from tests.app.gateway_fixtures import make_tenant, start_process_engine, usage_rows
 from tests.app.live_server import live_server
 
+pytestmark = pytest.mark.default_model
+
 # Every feature whose totals cross as deltas: choices, logprobs, prompt logprobs, stop strings, a grammar.
 REQUESTS = [
     SamplingParams(max_tokens=12, temperature=0.0, n=2, logprobs=3, stop=(" the",)),
