@@ -4,13 +4,13 @@
 // Work is split into items. A sequence whose query vectors (rows x heads) fit one tile, as a decode row
 // does, is one item over all its kv heads, so each page is read front to back once; a longer prefill
 // chunk becomes items of (kv head, tile of rows), each tile of up to kTileQueries query vectors sharing
-// every K/V load. An item copies its query vectors (pre-scaled) into scratch and walks its keys eight at
-// a time: the block's K and V rows of one kv head are copied to contiguous scratch (one base address for
-// the inner loops) while the next block's rows are prefetched, then every query vector of that kv head
-// scores the eight keys (one vector of eight dot products), updates its online softmax (running max and
-// sum, fp32, in log2 units so exp is exp2) and accumulates p x V. Causality is a per-row count of live
-// lanes, so no mask is built. Items are sorted by cost (query vectors x visible keys) and taken from a
-// shared counter by the OpenMP threads, largest first, so a long chunk does not leave a thread idle.
+// every K/V load. An item copies its query vectors (pre-scaled) into scratch and walks its keys a block
+// at a time, prefetching the next block's rows: few vectors per kv head take the row path (eight keys,
+// attention_rows.h), many take the tiled path (sixteen keys as two register-tiled products,
+// attention_tile.h). Softmax is online (running max and sum per query vector, fp32, in log2 units so
+// exp is exp2); causality is a count of live keys per row, so no mask is built. Items are sorted by cost
+// (query vectors x visible keys) and taken from a shared counter by the OpenMP threads, largest first,
+// so a long chunk does not leave a thread idle.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,150 +18,39 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <vector>
 
+#include "attention_common.h"
+#include "attention_rows.h"
+#include "attention_tile.h"
 #include "ops.h"
-#include "vec8.h"
 
 namespace loraplex {
 namespace {
 
-// Query vectors (rows x grouped heads) per item: its accumulators and queries (2 x 64 x 64 fp32 =
-// 32 KiB at head_dim 64) stay in L1/L2 while eight keys at a time stream past.
-constexpr int kTileQueries = 64;
-constexpr int kKeysPerBlock = kLanes;  // keys scored per step: one vector of scores per query vector
+using attention::HeadBlock;
+using attention::kNegInf;
+using attention::Problem;
+using attention::RowPath;
+using attention::Scratch;
+using attention::TilePath;
+using attention::WorkItem;
+
+// Query vectors (rows x grouped heads) per item: each K/V block serves all of them, and their queries
+// and accumulators (2 x 128 x 64 fp32 = 64 KiB at head_dim 64) stay in L2. Measured on the EPYC (one
+// thread, a 512-row chunk of a 3072-token prompt): 32 vectors 1.61 s, 64 1.34 s, 128 1.27 s, 256 1.22 s
+// a step; 128 keeps enough items to share among more threads.
+constexpr int kTileQueries = 128;
+// A kv head with at least this many query vectors in an item takes the tiled path: below it, the
+// transposed copy of each K block is not repaid (a decode row has `group` vectors per kv head).
+constexpr int kMinTileVectors = 12;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct WorkItem {
-  int32_t seq;
-  int32_t kv_head_begin;  // kv heads [begin, end) of the sequence
-  int32_t kv_head_end;
-  int32_t row_begin;  // query rows of the sequence, counted from its first query row
-  int32_t row_end;
-  int64_t cost;
-};
-
-struct Problem {
-  const float* q;
-  int64_t q_token_stride;
-  int64_t q_head_stride;
-  const float* kv;  // the layer's view of the pool: page p's K at kv + p * page_stride
-  int64_t page_stride;
-  int64_t v_offset;  // V of a page starts this many floats after its K
-  int64_t slot_stride;  // floats between consecutive tokens of a page
-  int block_size;
-  int group;
-  int num_heads;
-  int num_kv_heads;
-  int head_dim;
-  const int32_t* block_tables;
-  int64_t block_table_stride;
-  const int32_t* seq_lens;
-  const int32_t* query_start_loc;
-  float scale_log2;  // softmax scale x log2(e)
-  float* out;  // [num_tokens, num_heads, head_dim], contiguous
-};
-
-// Per-thread scratch, sized for the largest item.
-struct Scratch {
-  float* queries;  // [vectors, head_dim]: the item's query vectors, pre-scaled
-  float* acc;  // [vectors, head_dim]: running sums of p * V
-  float* row_max;  // [vectors]: running max of the scores (log2 units)
-  float* row_sum;  // [vectors]: running sum of exp2(score - max)
-  float* keys;  // [8, head_dim]: the block's K rows of one kv head, contiguous
-  float* values;  // [8, head_dim]: the same for V
-};
-
-// Scores of one query vector against the eight keys: lane n = q . keys[n].
-template <int kHeadDim>
-inline F8 score8(const float* q, const float* keys, int head_dim) {
-  const int dim = kHeadDim ? kHeadDim : head_dim;
-  F8 acc[8];
-  for (auto& a : acc) a = zero8();
-  for (int d = 0; d < dim; d += kLanes) {
-    const F8 qv = load8(q + d);
-    for (int n = 0; n < 8; ++n) acc[n] = fma8(qv, load8(keys + n * dim + d), acc[n]);
-  }
-  return transpose_sum8(acc);
-}
-
-// acc += sum_n p[n] * values[n]
-template <int kHeadDim>
-inline void accumulate8(float* acc, F8 p, const float* values, int head_dim) {
-  const int dim = kHeadDim ? kHeadDim : head_dim;
-  alignas(32) float weights[8];
-  store8(weights, p);
-  for (int d = 0; d < dim; d += kLanes) {
-    F8 a = load8(acc + d);
-    for (int n = 0; n < 8; ++n) a = fma8(splat8(weights[n]), load8(values + n * dim + d), a);
-    store8(acc + d, a);
-  }
-}
-
-inline void scale_row(float* row, float factor, int head_dim) {
-  const F8 f = splat8(factor);
-  for (int d = 0; d < head_dim; d += kLanes) store8(row + d, mul8(load8(row + d), f));
-}
-
-// One query vector's online softmax step over a block of scores (log2 units): masks the lanes past its
-// position, rescales its running sum and accumulator when the max grows, returns the block's weights.
-inline F8 softmax_step(F8 scores, int num_live, float& row_max, float& row_sum, float* acc_row, int head_dim) {
-  if (num_live < kKeysPerBlock) scores = keep_lanes8(scores, (1 << num_live) - 1, kNegInf);
-  const float block_max = hmax8(scores);
-  if (block_max > row_max) {
-    if (row_max != kNegInf) {
-      const float alpha = std::exp2(row_max - block_max);
-      row_sum *= alpha;
-      scale_row(acc_row, alpha, head_dim);
-    }
-    row_max = block_max;
-  }
-  const F8 p = exp2_8(sub8(scores, splat8(row_max)));
-  row_sum += hsum8(p);
-  return p;
-}
-
-// Copies the eight K (and V) rows of one kv head into contiguous scratch: one base address for the
-// inner loops, and the reads of a page stay sequential.
-template <int kHeadDim>
-inline void gather8(const float* const* rows, int64_t head_offset, float* dst, int head_dim) {
-  const int dim = kHeadDim ? kHeadDim : head_dim;
-  for (int n = 0; n < 8; ++n) {
-    const float* src = rows[n] + head_offset;
-    for (int d = 0; d < dim; d += kLanes) store8(dst + n * dim + d, load8(src + d));
-  }
-}
-
-// The K rows of keys j0 .. j0 + 7 (at their page's slot; V is v_offset further). Keys past last_key
-// repeat it, so every pointer is valid memory; the queries mask those lanes out.
-inline void key_rows(const Problem& pb, const int32_t* table, int j0, int last_key, const float** rows) {
-  int block = j0 / pb.block_size;
-  int slot = j0 % pb.block_size;
-  const float* page = pb.kv + table[block] * pb.page_stride;
-  for (int n = 0; n < kKeysPerBlock; ++n) {
-    rows[n] = page + slot * pb.slot_stride;
-    if (j0 + n + 1 > last_key) continue;  // keep repeating the last key
-    if (++slot == pb.block_size) {
-      slot = 0;
-      page = pb.kv + table[++block] * pb.page_stride;
-    }
-  }
-}
-
-// Prefetch into the outer caches (prefetcht2): measured on the EPYC, one block ahead, this cut a decode
-// step's attention by a third, while prefetcht0 (into L1) stalled on the L1's miss buffers and was slower
-// than no prefetch at all; two or three blocks ahead was slower than one.
-inline void prefetch_floats(const float* p, int64_t num_floats) {
-  constexpr int kLineFloats = 16;  // 64-byte cache lines
-  constexpr int kLocality = 1;  // prefetcht2
-  for (int64_t i = 0; i < num_floats; i += kLineFloats) __builtin_prefetch(p + i, 0, kLocality);
-}
-
-// One item: its kv heads' query vectors of its tile of rows against every key they see.
-template <int kHeadDim>
+// One item: its kv heads' query vectors of its tile of rows against every key they see, a block of
+// Path::kKeys keys at a time.
+template <int kHeadDim, typename Path>
 void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
+  constexpr int kKeys = Path::kKeys;
   const int group = pb.group;
   const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
   const int q_begin = pb.query_start_loc[item.seq];
@@ -172,10 +61,6 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
   const int num_vectors = num_heads * vectors_per_head;
   const int first_pos = pb.seq_lens[item.seq] - q_len + item.row_begin;  // position of the tile's first row
   const int last_pos = first_pos + num_rows - 1;
-  float* const queries = scratch.queries;
-  float* const acc = scratch.acc;
-  float* const row_max = scratch.row_max;
-  float* const row_sum = scratch.row_sum;
 
   for (int h = 0; h < num_heads; ++h) {
     for (int r = 0; r < num_rows; ++r) {
@@ -183,50 +68,45 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       for (int g = 0; g < group; ++g) {
         const int head = (item.kv_head_begin + h) * group + g;
         const float* src = row + static_cast<int64_t>(head) * pb.q_head_stride;
-        float* dst = queries + static_cast<int64_t>(h * vectors_per_head + r * group + g) * head_dim;
+        float* dst = scratch.queries + static_cast<int64_t>(h * vectors_per_head + r * group + g) * head_dim;
         for (int d = 0; d < head_dim; ++d) dst[d] = src[d] * pb.scale_log2;
       }
     }
   }
-  std::fill(acc, acc + static_cast<int64_t>(num_vectors) * head_dim, 0.0f);
-  std::fill(row_max, row_max + num_vectors, kNegInf);
-  std::fill(row_sum, row_sum + num_vectors, 0.0f);
+  std::fill(scratch.acc, scratch.acc + static_cast<int64_t>(num_vectors) * head_dim, 0.0f);
+  std::fill(scratch.row_max, scratch.row_max + num_vectors, kNegInf);
+  std::fill(scratch.row_sum, scratch.row_sum + num_vectors, 0.0f);
 
   const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
   const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * head_dim;
   const int64_t heads_floats = static_cast<int64_t>(num_heads) * head_dim;
-  const float* k_rows[8];
-  const float* v_rows[8];
-  const float* next_rows[8] = {};
-  key_rows(pb, table, 0, last_pos, k_rows);
-  for (int j0 = 0; j0 <= last_pos; j0 += kKeysPerBlock) {
-    for (int n = 0; n < kKeysPerBlock; ++n) v_rows[n] = k_rows[n] + pb.v_offset;
-    if (j0 + kKeysPerBlock <= last_pos) {
+  const float* k_rows[kKeys];
+  const float* next_rows[kKeys] = {};
+  attention::key_rows<kKeys>(pb, table, 0, last_pos, k_rows);
+  for (int j0 = 0; j0 <= last_pos; j0 += kKeys) {
+    const bool more = j0 + kKeys <= last_pos;
+    if (more) {
       // Ask for the next block's K and V rows while this one is computed: the pool is far larger than
       // the caches, and a decode row's keys are read once.
-      key_rows(pb, table, j0 + kKeysPerBlock, last_pos, next_rows);
-      for (int n = 0; n < kKeysPerBlock; ++n) {
-        prefetch_floats(next_rows[n] + heads_begin, heads_floats);
-        prefetch_floats(next_rows[n] + pb.v_offset + heads_begin, heads_floats);
+      attention::key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, next_rows);
+      for (int n = 0; n < kKeys; ++n) {
+        attention::prefetch_floats(next_rows[n] + heads_begin, heads_floats);
+        attention::prefetch_floats(next_rows[n] + pb.v_offset + heads_begin, heads_floats);
       }
     }
     const int r_first = std::max(0, j0 - first_pos);  // rows before position j0 see none of these keys
     for (int h = 0; h < num_heads; ++h) {
-      const int64_t head_offset = static_cast<int64_t>(item.kv_head_begin + h) * head_dim;
-      gather8<kHeadDim>(k_rows, head_offset, scratch.keys, head_dim);
-      gather8<kHeadDim>(v_rows, head_offset, scratch.values, head_dim);
-      for (int r = r_first; r < num_rows; ++r) {
-        const int num_live = first_pos + r - j0 + 1;  // keys j0 .. the position of row r
-        for (int g = 0; g < group; ++g) {
-          const int m = h * vectors_per_head + r * group + g;
-          float* acc_row = acc + static_cast<int64_t>(m) * head_dim;
-          const F8 scores = score8<kHeadDim>(queries + static_cast<int64_t>(m) * head_dim, scratch.keys, head_dim);
-          const F8 p = softmax_step(scores, num_live, row_max[m], row_sum[m], acc_row, head_dim);
-          accumulate8<kHeadDim>(acc_row, p, scratch.values, head_dim);
-        }
-      }
+      const HeadBlock blk{static_cast<int64_t>(item.kv_head_begin + h) * head_dim,
+                          j0,
+                          h * vectors_per_head + r_first * group,
+                          (h + 1) * vectors_per_head,
+                          h * vectors_per_head,
+                          first_pos,
+                          group};
+      Path::template run<kHeadDim>(pb, scratch, k_rows, blk);
     }
-    if (j0 + kKeysPerBlock <= last_pos) key_rows(pb, table, j0 + kKeysPerBlock, last_pos, k_rows);
+    // Found again rather than copied from next_rows: the copy measured 20 % slower on decode steps.
+    if (more) attention::key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, k_rows);
   }
 
   for (int h = 0; h < num_heads; ++h) {
@@ -234,8 +114,8 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       float* out_row = pb.out + static_cast<int64_t>(q_begin + item.row_begin + r) * pb.num_heads * head_dim;
       for (int g = 0; g < group; ++g) {
         const int m = h * vectors_per_head + r * group + g;
-        const F8 inv = splat8(1.0f / row_sum[m]);
-        const float* src = acc + static_cast<int64_t>(m) * head_dim;
+        const F8 inv = splat8(1.0f / scratch.row_sum[m]);
+        const float* src = scratch.acc + static_cast<int64_t>(m) * head_dim;
         float* dst = out_row + static_cast<int64_t>((item.kv_head_begin + h) * group + g) * head_dim;
         for (int d = 0; d < head_dim; d += kLanes) store8(dst + d, mul8(load8(src + d), inv));
       }
@@ -293,8 +173,9 @@ void run_items(const Problem& pb, const std::vector<WorkItem>& items) {
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     const size_t vector_floats = static_cast<size_t>(max_vectors) * pb.head_dim;
-    const size_t block_floats = static_cast<size_t>(kKeysPerBlock) * pb.head_dim;
-    std::vector<float> buffer(2 * vector_floats + 2 * max_vectors + 2 * block_floats);
+    const size_t block_floats = static_cast<size_t>(TilePath::kKeys) * pb.head_dim;  // the wider block
+    const size_t score_floats = static_cast<size_t>(max_vectors) * TilePath::kKeys;
+    std::vector<float> buffer(2 * vector_floats + 2 * max_vectors + 2 * block_floats + score_floats);
     Scratch scratch{};
     scratch.queries = buffer.data();
     scratch.acc = scratch.queries + vector_floats;
@@ -302,9 +183,15 @@ void run_items(const Problem& pb, const std::vector<WorkItem>& items) {
     scratch.row_sum = scratch.row_max + max_vectors;
     scratch.keys = scratch.row_sum + max_vectors;
     scratch.values = scratch.keys + block_floats;
+    scratch.scores = scratch.values + block_floats;
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      attend<kHeadDim>(pb, items[i], scratch);
+      const WorkItem& item = items[i];
+      if ((item.row_end - item.row_begin) * pb.group >= kMinTileVectors) {
+        attend<kHeadDim, TilePath>(pb, item, scratch);
+      } else {
+        attend<kHeadDim, RowPath>(pb, item, scratch);
+      }
     }
   }
 }
@@ -370,7 +257,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache, cons
   pb.block_table_stride = block_tables.stride(0);
   pb.seq_lens = seq_lens.data_ptr<int32_t>();
   pb.query_start_loc = starts;
-  pb.scale_log2 = static_cast<float>(scale) * kLog2e;
+  pb.scale_log2 = static_cast<float>(scale) * kLog2e;  // scores in log2 units: exp is exp2
   pb.out = out.data_ptr<float>();
 
   const std::vector<WorkItem> items =

@@ -70,6 +70,10 @@ inline F8 transpose_sum8(const F8 (&a)[8]) {
   return {_mm256_add_ps(lo, hi)};
 }
 
+// Makes the compiler hold `a` in a register from here on: GCC folds a load used by several FMAs into
+// each of them (one load per FMA), which starves the load ports of a register-tiled product.
+inline void pin8(F8& a) { asm volatile("" : "+x"(a.v)); }
+
 // Lanes whose n-th bit of `live` is clear become `fill`.
 inline F8 keep_lanes8(F8 a, int live, float fill) {
   const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -166,6 +170,7 @@ inline F8 transpose_sum8(const F8 (&a)[8]) {
   for (int n = 0; n < 8; ++n) r.v[n] = hsum8(a[n]);
   return r;
 }
+inline void pin8(F8&) {}
 inline F8 keep_lanes8(F8 a, int live, float fill) {
   for (int i = 0; i < 8; ++i) a.v[i] = (live >> i) & 1 ? a.v[i] : fill;
   return a;

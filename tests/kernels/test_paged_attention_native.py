@@ -21,8 +21,9 @@ from tests.kernels.test_paged_attention import (
     reference,
 )
 
-# Chunks longer than a tile (64 query vectors: 64 rows at group 1, 21 at group 3), some starting
-# mid-context, beside decode rows and a one-row chunk; 700 keys cross 44 pages.
+# Chunks longer than a tile (128 query vectors: 128 rows at group 1, 42 at group 3), some starting
+# mid-context, beside decode rows and a one-row chunk; 700 keys cross 44 pages. Short chunks of few
+# vectors per kv head take the row path, longer ones the tiled path.
 LONG = [(1, 300), (1, 17), (150, 400), (70, 70), (1, 1), (33, 700)]
 BATCHES_NATIVE = {**BATCHES, "long": LONG}
 TOL = 2e-5
@@ -58,6 +59,13 @@ def test_native_matches_float64_reference_and_torch(native, kind: str, num_kv_he
     assert_close(out.double(), expected, tol=TOL, seed=seed)
     assert_close(out, torch_out, tol=TOL, seed=seed)
     assert_close(dispatched, out, tol=0.0, seed=seed)
+
+
+@pytest.mark.parametrize("head_dim", [40, 128])
+def test_native_other_head_dims(native, head_dim: int, seed: int):
+    """40: the tiled path's last eight dims on their own; 128: the other unrolled size."""
+    batch = make_batch(LONG, 2, 4, head_dim, torch.float32, seed)
+    assert_close(run_native(native, batch).double(), reference(batch), tol=TOL, seed=seed)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])
