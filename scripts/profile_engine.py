@@ -32,8 +32,9 @@ logger = logging.getLogger("profile_engine")
 
 # Operator name fragments, first match wins: the kind an operator's time counts for.
 KINDS = (
+    ("lora (native sgmv)", ("sgmv",)),
     ("gemm (oneDNN / BLAS)", ("mkldnn", "addmm", "aten::mm", "aten::bmm", "matmul", "linear", "onednn")),
-    ("attention", ("scaled_dot_product", "softmax", "_flash", "baddbmm")),
+    ("attention", ("paged_attention", "scaled_dot_product", "softmax", "_flash", "baddbmm")),
     (
         "gather / scatter / copy",
         (
@@ -53,7 +54,7 @@ KINDS = (
     ),
     (
         "elementwise (norm, rope, act, residual)",
-        ("add", "mul", "rsqrt", "pow", "mean", "silu", "neg", "sub", "div", "sigmoid", "where", "masked_fill"),
+        ("rms_norm", "rope", "add", "mul", "rsqrt", "pow", "mean", "silu", "neg", "sub", "div", "sigmoid", "where", "masked_fill"),
     ),
     ("sampling", ("argmax", "topk", "sort", "cumsum", "searchsorted", "log_softmax")),
     (
@@ -88,8 +89,8 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_case(folder, workload: dict, num_adapters: int) -> dict:
-    engine = Engine(EngineConfig(model=str(folder), max_num_seqs=64))
+def profile_case(folder, workload: dict, num_adapters: int, kernels: str) -> dict:
+    engine = Engine(EngineConfig(model=str(folder), max_num_seqs=64, kernels=kernels))
     names = [f"a{i}" for i in range(num_adapters)]
     for name, path in zip(names, workload["adapters"], strict=False):
         engine.add_adapter(name, path)
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--kernels", default="auto", help="the engine's kernels setting: auto, native or torch")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -143,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     root = settings.home / "bench" / f"adapters-r{RANK}-all-linear"
     adapters = [write_synthetic_adapter(root / f"a{i}", model, RANK, seed=i, targets=PROJECTIONS) for i in range(16)]
     workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, seed=0)
-    result = {"threads": torch.get_num_threads()}
+    result = {"threads": torch.get_num_threads(), "kernels": args.kernels}
     for case, k in (("base", 0), ("k16", 16)):
-        result[case] = profile_case(folder, workload, k)
+        result[case] = profile_case(folder, workload, k, args.kernels)
         logger.info("%s: %s", case, json.dumps(result[case]["kinds"]))
     out = sys.stdout
     if args.json:

@@ -6,8 +6,8 @@
 // item's module with rank r runs as tiles of at most kTileTokens tokens:
 //   v[k, j] = x[token_k] . A_j                      (j < r; A_j is in_dim long)
 //   y[token_k, out_offset:out_offset + out_dim] += sum_j v[k, j] * Bt_j
-// Different modules write different columns of y and different tiles different rows, so the work items
-// run on the threads with no locking.
+// Both products run on register tiles (see kShrinkTokens below). Different modules write different columns
+// of y and different tiles different rows, so the work items run on the threads with no locking.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <omp.h>
@@ -52,51 +52,136 @@ struct Problem {
   const int32_t* out_offsets;
 };
 
-float dot(const float* a, const float* b, int64_t n) {
-  const int64_t vec_end = n - n % (2 * kLanes);
-  F8 acc0 = zero8(), acc1 = zero8();
-  for (int64_t i = 0; i < vec_end; i += 2 * kLanes) {
-    acc0 = fma8(load8(a + i), load8(b + i), acc0);
-    acc1 = fma8(load8(a + i + kLanes), load8(b + i + kLanes), acc1);
+// Register tiles: the shrink scores kShrinkTokens tokens against kShrinkRanks A rows at once (each load of
+// x or A feeds several FMAs: 6 loads for 8 FMAs at 2 x 4, where one dot product at a time needs 2 for 1);
+// the expand adds kExpandTokens tokens' deltas to 16 columns of y at once, holding them in registers
+// across the rank (2 Bt loads and 4 broadcasts for 8 FMAs). 2 x 4 and 4 x 2 accumulators leave room in
+// AVX2's 16 registers for the operands.
+constexpr int kShrinkTokens = 2;
+constexpr int kShrinkRanks = 4;
+constexpr int kExpandTokens = 4;
+
+// v[t * v_stride + j] = x_t . a_j for kT tokens and kR rows of A
+template <int kT, int kR>
+void shrink_block(const float* const* x, const float* const* a, int64_t in_dim, float* v, int v_stride) {
+  F8 acc[kT][kR];
+  for (auto& row : acc)
+    for (auto& c : row) c = zero8();
+  const int64_t vec_end = in_dim - in_dim % kLanes;
+  for (int64_t d = 0; d < vec_end; d += kLanes) {
+    F8 xs[kT];
+    for (int t = 0; t < kT; ++t) {
+      xs[t] = load8(x[t] + d);
+      pin8(xs[t]);
+    }
+    for (int j = 0; j < kR; ++j) {
+      const F8 aj = load8(a[j] + d);
+      for (int t = 0; t < kT; ++t) acc[t][j] = fma8(xs[t], aj, acc[t][j]);
+    }
   }
-  float sum = hsum8(add8(acc0, acc1));
-  for (int64_t i = vec_end; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  for (int t = 0; t < kT; ++t) {
+    for (int j = 0; j < kR; ++j) {
+      float sum = hsum8(acc[t][j]);
+      for (int64_t d = vec_end; d < in_dim; ++d) sum += x[t][d] * a[j][d];
+      v[t * v_stride + j] = sum;
+    }
+  }
 }
 
-// y[0:n] += sum_j v[j] * rows[j][0:n]
-void expand_row(float* y, const float* v, const float* const* rows, int rank, int64_t n) {
-  const int64_t vec_end = n - n % kLanes;
-  for (int64_t c = 0; c < vec_end; c += kLanes) {
-    F8 acc = load8(y + c);
-    for (int j = 0; j < rank; ++j) acc = fma8(splat8(v[j]), load8(rows[j] + c), acc);
-    store8(y + c, acc);
+template <int kT>
+void shrink_tokens(const float* const* x, const float* const* a, int rank, int64_t in_dim, float* v) {
+  int j = 0;
+  for (; j + kShrinkRanks <= rank; j += kShrinkRanks) shrink_block<kT, kShrinkRanks>(x, a + j, in_dim, v + j, rank);
+  switch (rank - j) {
+    case 3:
+      shrink_block<kT, 3>(x, a + j, in_dim, v + j, rank);
+      break;
+    case 2:
+      shrink_block<kT, 2>(x, a + j, in_dim, v + j, rank);
+      break;
+    case 1:
+      shrink_block<kT, 1>(x, a + j, in_dim, v + j, rank);
+      break;
+    default:
+      break;
   }
-  for (int64_t c = vec_end; c < n; ++c) {
-    float acc = y[c];
-    for (int j = 0; j < rank; ++j) acc += v[j] * rows[j][c];
-    y[c] = acc;
+}
+
+// y_t[0:n] += sum_j v[t * rank + j] * bt_j[0:n] for kT tokens
+template <int kT>
+void expand_tokens(float* const* y, const float* v, const float* const* bt, int rank, int64_t n) {
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= n; c += 2 * kLanes) {
+    F8 acc[kT][2];
+    for (int t = 0; t < kT; ++t) {
+      acc[t][0] = load8(y[t] + c);
+      acc[t][1] = load8(y[t] + c + kLanes);
+    }
+    for (int j = 0; j < rank; ++j) {
+      F8 b0 = load8(bt[j] + c), b1 = load8(bt[j] + c + kLanes);
+      pin8(b0);
+      pin8(b1);
+      for (int t = 0; t < kT; ++t) {
+        const F8 w = splat8(v[t * rank + j]);
+        acc[t][0] = fma8(w, b0, acc[t][0]);
+        acc[t][1] = fma8(w, b1, acc[t][1]);
+      }
+    }
+    for (int t = 0; t < kT; ++t) {
+      store8(y[t] + c, acc[t][0]);
+      store8(y[t] + c + kLanes, acc[t][1]);
+    }
+  }
+  for (int t = 0; t < kT; ++t) {  // a last 0-15 columns
+    for (int64_t col = c; col < n; ++col) {
+      float acc = y[t][col];
+      for (int j = 0; j < rank; ++j) acc += v[t * rank + j] * bt[j][col];
+      y[t][col] = acc;
+    }
   }
 }
 
 void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::vector<const float*>& rows) {
   const int64_t at = static_cast<int64_t>(tile.item) * pb.num_modules + tile.module;
   const int rank = pb.ranks[at];
-  const int32_t* tokens = pb.token_ids + pb.item_starts[tile.item];
+  const int32_t* tokens = pb.token_ids + pb.item_starts[tile.item] + tile.first;
   const int64_t out_dim = pb.out_dims[tile.module], out_offset = pb.out_offsets[tile.module];
   const int num_tokens = tile.end - tile.first;
   v.resize(static_cast<size_t>(num_tokens) * rank);
   rows.resize(rank);
-  for (int j = 0; j < rank; ++j) {
-    const float* a = pb.pool + pb.row_addr[pb.row_start_a[at] + j];
-    for (int k = 0; k < num_tokens; ++k) {
-      v[static_cast<size_t>(k) * rank + j] = dot(pb.x + tokens[tile.first + k] * pb.x_stride, a, pb.in_dim);
-    }
-  }
-  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_b[at] + j];
+  const float* x[kTileTokens];
+  float* y[kTileTokens];
   for (int k = 0; k < num_tokens; ++k) {
-    float* y = pb.y + tokens[tile.first + k] * pb.y_stride + out_offset;
-    expand_row(y, v.data() + static_cast<size_t>(k) * rank, rows.data(), rank, out_dim);
+    x[k] = pb.x + tokens[k] * pb.x_stride;
+    y[k] = pb.y + tokens[k] * pb.y_stride + out_offset;
+  }
+
+  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_a[at] + j];
+  int k = 0;
+  for (; k + kShrinkTokens <= num_tokens; k += kShrinkTokens) {
+    shrink_tokens<kShrinkTokens>(x + k, rows.data(), rank, pb.in_dim, v.data() + static_cast<size_t>(k) * rank);
+  }
+  if (k < num_tokens) shrink_tokens<1>(x + k, rows.data(), rank, pb.in_dim, v.data() + static_cast<size_t>(k) * rank);
+
+  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_b[at] + j];
+  k = 0;
+  for (; k + kExpandTokens <= num_tokens; k += kExpandTokens) {
+    expand_tokens<kExpandTokens>(y + k, v.data() + static_cast<size_t>(k) * rank, rows.data(), rank, out_dim);
+  }
+  float* const* y_rest = y + k;
+  const float* v_rest = v.data() + static_cast<size_t>(k) * rank;
+  switch (num_tokens - k) {
+    case 3:
+      expand_tokens<3>(y_rest, v_rest, rows.data(), rank, out_dim);
+      break;
+    case 2:
+      expand_tokens<2>(y_rest, v_rest, rows.data(), rank, out_dim);
+      break;
+    case 1:
+      expand_tokens<1>(y_rest, v_rest, rows.data(), rank, out_dim);
+      break;
+    default:
+      break;
   }
 }
 
