@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ConfigError
-from kernels.backend import KernelBackend
+from kernels.backend import KernelBackend, triton_unavailable_reason
 from kernels.native_cpu import unavailable_reason
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ DEFAULT_CPU_POOL_BYTES = 2 * 1024**3  # room for ~46k tokens of SmolLM2's KV in 
 DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights are loaded
 DEFAULT_HOST_ADAPTER_BYTES = 4 * 1024**3  # about 400 rank-16 all-linear adapters of SmolLM2
 SCHEDULING_POLICIES = ("fair", "fifo")
-KERNEL_CHOICES = ("auto", "torch", "native")
+KERNEL_CHOICES = ("auto", "torch", "native", "triton")
 NATIVE_HEAD_DIM_MULTIPLE = 8  # the native attention's vectors are 8 floats wide
 
 
@@ -50,8 +50,10 @@ class EngineConfig:
     scheduling_policy: str = "fair"
     """Whose requests go first: "fair" (per-tenant virtual token counters, S-LoRA's VTC) or "fifo"."""
     kernels: str = "auto"
-    """The ops on CPU: "native" (the C++ kernels, built once on first use), "torch", or "auto" (native when
-    it builds and the model runs in fp32, else torch with a warning). On CUDA the Triton kernels run."""
+    """The ops' implementation: "triton" (the Triton kernels for paged attention and SGMV, torch for the
+    rest; on CPU only under Triton's interpreter, TRITON_INTERPRET=1 set before the kernels are imported),
+    "native" (the C++ CPU kernels, built once on first use), "torch", or "auto" (triton on CUDA; on CPU
+    native when it builds and the model runs in fp32, else torch with a warning)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -88,7 +90,12 @@ class EngineConfig:
 
     def kernel_backend(self, device: torch.device, dtype: torch.dtype, head_dim: int) -> KernelBackend:
         """The ``kernels`` setting resolved for this engine; may build the native kernels (once per machine)."""
-        if self.kernels == "torch" or (self.kernels == "auto" and device.type == "cuda"):
+        if self.kernels == "triton" or (self.kernels == "auto" and device.type == "cuda"):
+            reason = triton_unavailable_reason(device)
+            if reason is not None:
+                raise ConfigError(f"kernels='triton' cannot be used: {reason}; or use kernels='torch' or 'auto'")
+            return KernelBackend.TRITON
+        if self.kernels == "torch":
             return KernelBackend.TORCH
         if device.type != "cpu":
             reason = f"they run on CPU only and the engine runs on {device.type}"

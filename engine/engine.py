@@ -82,7 +82,7 @@ class Engine:
             folder.name,
             self.device,
             str(self.dtype).removeprefix("torch."),
-            "triton" if self.device.type == "cuda" else self.kernels.value,
+            self.kernels.value,
             self.pool.num_pages,
             self.pool.block_size,
             self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,

@@ -28,7 +28,7 @@ MODULE_GROUPS: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True, slots=True)
 class LoraGroup:
     meta: SgmvMetadata
-    plan: SgmvFusedPlan | SgmvNativePlan | None  # the CPU implementation's plan (the backend's); None on CUDA
+    plan: SgmvFusedPlan | SgmvNativePlan | None  # the TORCH or NATIVE backend's plan; None for TRITON
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def build_lora_step(
 ) -> LoraStep | None:
     """Tables for the step's token runs (``(num_tokens, adapter)`` in token order); None without adapters.
 
-    ``backend`` picks which CPU implementation the plans are for (one per step and group).
+    ``backend`` picks which implementation the plans are for (one per step and group; TRITON needs none).
     """
     if all(entry is None for _, entry in runs):
         return None
@@ -78,13 +78,19 @@ def build_lora_step(
             continue
         in_dim = shapes[modules[0]][0]
         meta = build_sgmv_metadata(
-            specs, row_addr, in_dim, [shapes[m][1] for m in modules], device=storage.device
-        )
-        plan = None
-        if storage.device.type == "cpu":
-            plan = plan_sgmv_native(meta) if backend is KernelBackend.NATIVE else plan_sgmv_fused_torch(storage, meta)
-        groups[name] = LoraGroup(meta, plan)
+            specs, row_addr, in_dim, [shapes[m][1] for m in modules], device="cpu"
+        )  # on the host: build_step_batch moves the step's tables to the device in one copy
+        groups[name] = LoraGroup(meta, _plan(backend, storage, meta))
     return LoraStep(groups, storage.shape[2], backend)
+
+
+def _plan(backend: KernelBackend, storage: torch.Tensor, meta: SgmvMetadata) -> SgmvFusedPlan | SgmvNativePlan | None:
+    """The backend's per-step plan for one group: host work the Triton kernels do not need."""
+    if backend is KernelBackend.NATIVE:
+        return plan_sgmv_native(meta)
+    if backend is KernelBackend.TORCH:
+        return plan_sgmv_fused_torch(storage, meta)
+    return None
 
 
 def _merge_runs(runs: list[tuple[int, AdapterEntry | None]]) -> list[tuple[int, AdapterEntry | None]]:
@@ -107,8 +113,8 @@ def _append_rows(entry: AdapterEntry, modules: tuple[str, ...], row_addr: list[i
             continue
         a, b = entry.layout.group(module, "a"), entry.layout.group(module, "b")
         start_a = len(row_addr)
-        row_addr.extend(addresses[a.first_row:a.first_row + a.num_rows])
+        row_addr.extend(addresses[a.first_row : a.first_row + a.num_rows])
         start_b = len(row_addr)
-        row_addr.extend(addresses[b.first_row:b.first_row + b.num_rows])
+        row_addr.extend(addresses[b.first_row : b.first_row + b.num_rows])
         rows[module] = ModuleRows(start_a, start_b, a.num_rows)
     return rows

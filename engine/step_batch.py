@@ -42,8 +42,8 @@ def build_step_batch(
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them).
 
-    The torch attention on CPU gets its decode buckets planned here, once for every layer; the native
-    attention needs only the int32 tensors.
+    The torch attention gets its decode buckets planned here, once for every layer; the native and the
+    Triton attention need only the int32 tensors.
     """
     # Decode rows first, shortest context first, so the torch attention's buckets pad little.
     block_size = pool.block_size
@@ -103,7 +103,7 @@ def build_step_batch(
         query_start_loc_list=tuple(query_start_loc),
         seq_lens_list=tuple(seq_lens),
     )
-    if device.type == "cpu" and backend is KernelBackend.TORCH:
+    if backend is KernelBackend.TORCH:
         attention = dataclasses.replace(attention, decode_buckets=plan_decode_buckets(
             attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
         ))

@@ -33,7 +33,7 @@ def add_rms_norm(
         residual: [num_tokens, hidden] like ``x``, or None (just the norm).
         weight: [hidden], same dtype as ``x``.
         eps: added to the mean square.
-        backend: NATIVE runs the C++ op (float32 CPU tensors); TORCH the torch ops.
+        backend: NATIVE runs the C++ op (float32 CPU tensors); TORCH and TRITON (no Triton kernel here) the torch ops.
 
     Returns:
         [num_tokens, hidden], a new tensor.

@@ -1,10 +1,59 @@
 """Which implementation the ops run: the engine resolves its ``kernels`` setting to one of these once."""
 
 import enum
+import importlib
+import pkgutil
+
+import torch
+from triton.runtime import KernelInterface
+from triton.runtime.interpreter import InterpretedFunction
 
 
 class KernelBackend(enum.Enum):
-    """The ops' implementation on CPU; on CUDA every op runs its Triton kernel (or torch) whatever this says."""
+    """The ops' implementation; each op's dispatcher runs what the backend names, on any device."""
 
     TORCH = "torch"  # torch ops (the implementations beside each kernel)
     NATIVE = "native"  # the C++ CPU library in kernels/csrc, loaded by kernels.native_cpu
+    TRITON = "triton"  # the Triton kernels where an op has one (paged attention, SGMV), torch ops for the rest
+
+
+def triton_unavailable_reason(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (a phrase for an error message), or None when they can.
+
+    On CUDA they compile. On CPU they run only under Triton's interpreter, which ``triton.jit`` chooses
+    when a kernel is defined (it reads TRITON_INTERPRET then): so this looks at the kernel objects
+    themselves, not at the environment, and names the ones defined for the compiler.
+    """
+    if device.type == "cuda":
+        return None
+    if device.type != "cpu":
+        return f"they run on CUDA, or on CPU under Triton's interpreter, not on {device.type}"
+    compiled = compiled_triton_functions()
+    if not compiled:
+        return None
+    return (
+        f"on CPU they run under Triton's interpreter, but {', '.join(compiled)} "
+        f"{'was' if len(compiled) == 1 else 'were'} defined for the compiler; set TRITON_INTERPRET=1 in the "
+        "environment before anything imports the kernels (triton reads it when a kernel is defined)"
+    )
+
+
+def compiled_triton_functions() -> list[str]:
+    """Qualified names of the Triton functions in this package that are not interpreter functions.
+
+    Walks every module of ``kernels`` (importing it), so a kernel added in a new file is checked too, and
+    every name a module binds, so a kernel imported elsewhere under its name is checked there as well;
+    autotuner and heuristics wrappers are looked through to the function they wrap.
+    """
+    package = importlib.import_module(__package__)
+    compiled: set[str] = set()
+    for info in pkgutil.iter_modules(package.__path__, f"{__package__}."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if not isinstance(value, KernelInterface):
+                continue
+            while isinstance(getattr(value, "fn", None), KernelInterface):
+                value = value.fn
+            if not isinstance(value, InterpretedFunction):
+                compiled.add(f"{value.fn.__module__}.{value.fn.__name__}")
+    return sorted(compiled)

@@ -212,8 +212,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each query row over its sequence's paged K/V, one call for the whole step.
 
-    Triton on CUDA; on CPU the native op (``backend`` NATIVE: one pass over the pages in place, every
-    sequence's rows at once) or the torch implementation (decode buckets and a call per prefill chunk).
+    ``backend`` picks the implementation: TRITON the Triton kernel (compiled on CUDA, interpreted on CPU),
+    NATIVE the C++ CPU op (one pass over the pages in place, every sequence's rows at once), TORCH the
+    torch implementation (decode buckets and a call per prefill chunk; on any device).
 
     Args:
         q: [num_tokens, num_heads, head_dim], float32, bfloat16 or float16 (the native op: float32);
@@ -224,7 +225,7 @@ def paged_attention(
             num_heads must be a multiple of num_kv_heads (group = num_heads // num_kv_heads).
         meta: the step's ``PagedAttentionMetadata``; its int32 tensors on ``q``'s device.
         scale: softmax scale, usually ``head_dim ** -0.5``.
-        backend: the CPU implementation; ignored on CUDA.
+        backend: the implementation, the engine's resolved ``kernels`` setting.
 
     Returns:
         out: [num_tokens, num_heads, head_dim], same dtype as ``q``, contiguous.
@@ -241,7 +242,7 @@ def paged_attention(
                     p = softmax(scale * K[:, kvh] @ q[i, h])      # [pos + 1], in fp32
                     out[i, h] = p @ V[:, kvh]                     # [head_dim]
     """
-    if q.is_cuda:
+    if backend is KernelBackend.TRITON:
         return paged_attention_triton(q.contiguous(), kv_cache, meta, scale)
     if backend is KernelBackend.NATIVE:
         return require_native_ops().paged_attention(

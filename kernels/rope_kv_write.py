@@ -59,7 +59,7 @@ def rope_kv_write(
         layer: the layer whose K/V are written.
         kv_rows: [num_tokens] int64 from :func:`kernels.kv_write.kv_row_index` (each token's slot).
         num_heads, num_kv_heads: the heads in ``qkv``.
-        backend: NATIVE runs the C++ op (float32 CPU); TORCH the torch ops.
+        backend: NATIVE runs the C++ op (float32 CPU); TORCH and TRITON (no Triton kernel here) the torch ops.
 
     Semantics:
         half = head_dim // 2

@@ -1,8 +1,8 @@
 """SGMV shrink then expand in one call, ``y += (x @ Aᵀ) @ Bᵀ`` per segment: what the engine runs per layer
-and module group. On CUDA the two Triton kernels in turn; on CPU the native op (one call reading the pool
-in place, see :mod:`kernels.sgmv_fused_native`) or one fused torch pass, which needs no intermediate ``v``
-in the separate ops' layout and so makes a few calls per layer instead of one per batch of equal rank
-(see :mod:`kernels.sgmv_fused_torch`)."""
+and module group. The Triton backend launches the two Triton kernels in turn; the native one the C++ op
+(one call reading the pool in place, see :mod:`kernels.sgmv_fused_native`); the torch one a fused torch
+pass, which needs no intermediate ``v`` in the separate ops' layout and so makes a few calls per layer
+instead of one per batch of equal rank (see :mod:`kernels.sgmv_fused_torch`)."""
 
 import torch
 
@@ -23,7 +23,7 @@ def sgmv_fused(
     plan: SgmvFusedPlan | SgmvNativePlan | None = None,
     backend: KernelBackend = KernelBackend.TORCH,
 ) -> None:
-    """Add each segment's LoRA delta of this layer into y, in place: shrink then expand, fused on CPU.
+    """Add each segment's LoRA delta of this layer into y, in place: shrink then expand (fused but for TRITON).
 
     Args:
         x: [num_tokens, in_dim], float32, bfloat16 or float16, contiguous; the group's shared input.
@@ -31,13 +31,13 @@ def sgmv_fused(
         meta: the group's ``SgmvMetadata`` for this step; tensors on x's device.
         layer_offset: ``layer * P``, added to every row address.
         y: [num_tokens, y_width], x's dtype, contiguous; the group's fused output, added to in place.
-        plan: the CPU implementation's plan from ``plan_sgmv_fused_torch`` or ``plan_sgmv_native`` (build
-            it once per step and group, for the backend in use); None plans on the fly. Ignored on CUDA.
-        backend: the CPU implementation (NATIVE needs float32); ignored on CUDA.
+        plan: the TORCH or NATIVE backend's plan, from ``plan_sgmv_fused_torch`` or ``plan_sgmv_native``
+            (build it once per step and group); None plans on the fly. TRITON needs none and ignores it.
+        backend: the implementation, the engine's resolved ``kernels`` setting (NATIVE: float32 on CPU).
 
     Semantics: ``sgmv_expand(sgmv_shrink(x, storage, meta, layer_offset), storage, meta, layer_offset, y)``.
     """
-    if x.is_cuda:
+    if backend is KernelBackend.TRITON:
         sgmv_expand_triton(sgmv_shrink_triton(x, storage, meta, layer_offset), storage, meta, layer_offset, y)
         return
     check_shrink_inputs(x, storage, meta, layer_offset)

@@ -18,7 +18,7 @@ def silu_mul(gate_up: torch.Tensor, backend: KernelBackend = KernelBackend.TORCH
 
     Args:
         gate_up: [num_tokens, 2 * intermediate], rows contiguous (the fused gate/up projection).
-        backend: NATIVE runs the C++ op (float32 CPU); TORCH the torch ops.
+        backend: NATIVE runs the C++ op (float32 CPU); TORCH and TRITON (no Triton kernel here) the torch ops.
 
     Returns:
         [num_tokens, intermediate], a new tensor.

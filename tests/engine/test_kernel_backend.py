@@ -59,7 +59,7 @@ def test_native_refuses_other_dtypes_and_bad_values_are_refused(tiny_llama: Path
     with pytest.raises(ConfigError, match="CPU only"):
         config.kernel_backend(torch.device("cuda"), torch.float32, 64)
     assert EngineConfig(model="x", kernels="auto").kernel_backend(torch.device("cuda"), torch.bfloat16, 64) is (
-        KernelBackend.TORCH
+        KernelBackend.TRITON
     )
-    with pytest.raises(ConfigError, match="kernels must be one of auto, torch, native"):
-        EngineConfig(model="x", kernels="triton")
+    with pytest.raises(ConfigError, match="kernels must be one of auto, torch, native, triton"):
+        EngineConfig(model="x", kernels="cuda")
