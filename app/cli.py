@@ -114,6 +114,18 @@ def serve(context: _Context, host: str, port: int) -> None:
     run_server(context.settings, host, port)
 
 
+@cli.command(help="Check this machine: the device, the kernel backend, each op against torch, a short timed generate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@pass_context
+def doctor(context: _Context, as_json: bool) -> None:
+    from app.doctor import exit_status, render_json, render_text, run_doctor
+
+    results = run_doctor(context.settings)
+    click.echo(render_json(results) if as_json else render_text(results))
+    if exit_status(results):
+        raise click.exceptions.Exit(1)
+
+
 def _model_call(fn: Callable[[], T]) -> T:
     try:
         return fn()

@@ -99,6 +99,12 @@ def resolve_model(spec: str, home: Path) -> Path:
     return folder.resolve()
 
 
+def installed_default_model(home: Path) -> Path | None:
+    """`<home>/models/SmolLM2-135M-Instruct` when a pull completed there, else None; nothing is downloaded."""
+    target = home / "models" / DEFAULT_MODEL_NAME
+    return target if _is_complete(target) else None
+
+
 def pull_default_model(home: Path, force: bool = False) -> Path:
     """Return `<home>/models/SmolLM2-135M-Instruct`, downloading and converting it first when incomplete.
 

@@ -4,8 +4,11 @@ An adapter is *registered* once validated (``add``). It becomes *resident* when 
 it is admitted: its rows are copied into pages of the unified pool (``acquire``), and sequences hold a
 reference while they run. A resident adapter nobody runs and nobody pinned is *idle*: its pages are
 reclaimable, least recently used first, after free pages and cached prefix blocks (the pool asks
-through :meth:`reclaim`). Host copies beyond ``max_host_bytes`` are dropped least recently used first
-and read again from disk when needed; the digest must not have changed.
+through :meth:`reclaim`). The host copy of an adapter is the contents of its pages in the pool's dtype
+(pinned on CUDA), so loading it is a copy of pages (:mod:`engine.adapter_upload`: on a side stream on
+CUDA, fenced by an event the compute stream waits on in :meth:`acquire`). Host copies beyond
+``max_host_bytes`` are dropped least recently used first and read again from disk when needed; the
+digest must not have changed.
 
 Removing or replacing an adapter that unfinished requests name is refused (``AdapterBusyError``): the
 caller waits for them or aborts them; the engine never pulls weights from under a running sequence.
@@ -18,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from engine.adapter_layout import AdapterLayout, plan_layout, write_adapter
+from engine.adapter_layout import AdapterLayout, pack_pages, plan_layout
+from engine.adapter_upload import AdapterUpload, Event, make_upload
 from engine.config import ModelConfig
 from engine.errors import AdapterBusyError, AdapterMismatchError, UnknownAdapterError
 from engine.lora_adapter import LoraAdapter, load_lora_adapter
@@ -36,10 +40,11 @@ class AdapterEntry:
     ranks: dict[str, int]
     layout: AdapterLayout
     host_bytes: int
-    host: LoraAdapter | None
+    host: torch.Tensor | None  # [num_pages, num_layers, P] in the pool's dtype: its pages' contents, on the host
     page_ids: list[int] = field(default_factory=list)
-    row_addr: torch.Tensor | None = None  # [num_rows] int64 on the pool's device, while resident
-    row_addr_list: list[int] = field(default_factory=list)  # the same, on the host
+    row_addr: torch.Tensor | None = None  # [num_rows] int64 on the host, while resident
+    row_addr_list: list[int] = field(default_factory=list)  # the same, as a list
+    copying: Event | None = None  # the load's copy into the pool, until the compute stream is ordered after it
     num_running: int = 0  # sequences running with it (they hold its pages)
     num_requests: int = 0  # unfinished requests that name it
     pinned: bool = False
@@ -56,10 +61,13 @@ class AdapterEntry:
 class AdapterCache:
     """Registered adapters, their host copies and their residency in the pool."""
 
-    def __init__(self, pool: PagePool, model: ModelConfig, max_host_bytes: int) -> None:
+    def __init__(
+        self, pool: PagePool, model: ModelConfig, max_host_bytes: int, upload: AdapterUpload | None = None
+    ) -> None:
         self.pool = pool
         self.model = model
         self.max_host_bytes = max_host_bytes
+        self.upload = upload or make_upload(pool.storage.device)
         self._entries: dict[str, AdapterEntry] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # resident, unused, unpinned; oldest first
         self._host_lru: OrderedDict[str, None] = OrderedDict()
@@ -85,6 +93,7 @@ class AdapterCache:
                 )
             self._drop(old)
         layout = plan_layout(adapter, self.model, self.pool.storage.shape[2])
+        host = self._pack(adapter, layout)
         entry = AdapterEntry(
             name=name,
             path=Path(path),
@@ -92,8 +101,8 @@ class AdapterCache:
             modules=adapter.modules,
             ranks=adapter.ranks,
             layout=layout,
-            host_bytes=4 * adapter.num_params,
-            host=adapter,
+            host_bytes=host.numel() * host.element_size(),
+            host=host,
         )
         self._entries[name] = entry
         self._touch_host(entry)
@@ -138,10 +147,12 @@ class AdapterCache:
     def acquire(self, entry: AdapterEntry) -> bool:
         """Make ``entry`` resident (loading it if needed) and count one more running sequence.
 
-        False when its pages cannot be found now; the caller tries again later.
+        False when its pages cannot be found now; the caller tries again later. The sequence runs in the
+        step being scheduled, so the compute stream is ordered after the adapter's copy here.
         """
         if not entry.is_resident and not self._load(entry):
             return False
+        self._order_after_copy(entry)
         entry.num_running += 1
         self._update_idle(entry)
         return True
@@ -179,15 +190,23 @@ class AdapterCache:
             return False
         host = self._host_copy(entry)
         page_ids = self.pool.allocate(num_pages, OwnerKind.ADAPTER)
-        write_adapter(self.pool.storage, page_ids, host, entry.layout)
+        entry.copying = self.upload.copy(self.pool.storage, page_ids, host)
         entry.page_ids = page_ids
-        row_addr = entry.layout.row_addr(page_ids, self.pool.storage.shape[1], self.pool.storage.shape[2])
-        entry.row_addr = row_addr.to(self.pool.storage.device)  # [num_rows]
-        entry.row_addr_list = row_addr.tolist()
+        entry.row_addr = entry.layout.row_addr(
+            page_ids, self.pool.storage.shape[1], self.pool.storage.shape[2]
+        )  # [num_rows], on the host: the step's SGMV tables are built there
+        entry.row_addr_list = entry.row_addr.tolist()
         self._num_loads += 1
         return True
 
+    def _order_after_copy(self, entry: AdapterEntry) -> None:
+        """Make the compute stream wait for the entry's pending copy, if any (never the host)."""
+        if entry.copying is not None:
+            self.upload.wait(entry.copying)
+            entry.copying = None
+
     def _evict(self, entry: AdapterEntry) -> None:
+        self._order_after_copy(entry)  # the pages' next owner writes them on the compute stream
         self.pool.free(entry.page_ids)
         entry.page_ids = []
         entry.row_addr = None
@@ -220,9 +239,15 @@ class AdapterCache:
                 raise AdapterMismatchError(
                     f"adapter {entry.name!r} changed on disk since it was added; add it again to serve the new version"
                 )
-            entry.host = adapter
+            entry.host = self._pack(adapter, entry.layout)
         self._touch_host(entry)
         return entry.host
+
+    def _pack(self, adapter: LoraAdapter, layout: AdapterLayout) -> torch.Tensor:
+        """The adapter's page images for the host tier, staged by the upload (pinned on CUDA)."""
+        _, num_layers, page_elems = self.pool.storage.shape
+        images = pack_pages(adapter, layout, num_layers, page_elems, self.pool.storage.dtype)  # [pages, L, P]
+        return self.upload.stage(images)
 
     def _touch_host(self, entry: AdapterEntry) -> None:
         self._host_lru[entry.name] = None

@@ -84,9 +84,7 @@ def group_rows(adapter: LoraAdapter, group: RowGroup, num_layers: int) -> torch.
     return rows
 
 
-def write_adapter(
-    storage: torch.Tensor, page_ids: list[int], adapter: LoraAdapter, layout: AdapterLayout
-) -> None:
+def write_adapter(storage: torch.Tensor, page_ids: list[int], adapter: LoraAdapter, layout: AdapterLayout) -> None:
     """Copy every row of ``adapter`` into its pages of ``storage`` [num_pages, num_layers, P]."""
     num_layers = storage.shape[1]
     for group in layout.groups:
@@ -100,5 +98,18 @@ def write_adapter(
                 end += 1
             offset = layout.row_offsets[first]
             run = rows[:, start:end].reshape(num_layers, -1)  # [L, run_rows * dim]
-            storage[page_ids[page], :, offset:offset + run.shape[1]] = run.to(storage.device)
+            storage[page_ids[page], :, offset : offset + run.shape[1]] = run.to(storage.device)
             start = end
+
+
+def pack_pages(
+    adapter: LoraAdapter, layout: AdapterLayout, num_layers: int, page_elems: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The adapter's pages as they sit in the pool, [num_pages, num_layers, P] in ``dtype`` on the host.
+
+    Elements no row covers are zero. Copying page ``i`` of the result into the ``i``-th page the adapter
+    owns loads it: the host tier keeps this, so a load is a copy of pages and nothing is laid out again.
+    """
+    pages = torch.zeros(layout.num_pages, num_layers, page_elems, dtype=dtype)  # [num_pages, L, P]
+    write_adapter(pages, list(range(layout.num_pages)), adapter, layout)
+    return pages

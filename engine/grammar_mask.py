@@ -13,13 +13,12 @@ import torch
 from engine.sequence import Sequence
 
 BITS_PER_WORD = 32
-_BIT_SHIFTS = torch.arange(BITS_PER_WORD, dtype=torch.int32)  # [32]
 
 
 @dataclass(frozen=True, slots=True)
 class GrammarMask:
     rows: torch.Tensor  # [num_constrained] int64, indices into the step's sampled rows
-    bitmask: torch.Tensor  # [num_constrained, ceil(vocab / 32)] int32, on the CPU (xgrammar writes it there)
+    bitmask: torch.Tensor  # [num_constrained, ceil(vocab / 32)] int32; xgrammar fills it on the host
 
 
 def num_bitmask_words(vocab_size: int) -> int:
@@ -39,7 +38,8 @@ def build_grammar_mask(seqs: SequenceOf[Sequence], vocab_size: int, device: torc
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[num_rows, vocab] bool from a bitmask [num_rows, words] int32: True where the token may come next."""
-    bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1  # [num_rows, words, 32]; & 1 drops the sign's extension
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)  # [32], where the mask is
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [num_rows, words, 32]; & 1 drops the sign's extension
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()  # [num_rows, vocab]
 
 

@@ -9,7 +9,8 @@ from typing import Protocol
 import torch
 
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
-from engine.errors import PoolExhaustedError
+from engine.errors import ConfigError, PoolExhaustedError
+from engine.host_to_device import move_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +93,7 @@ class PagePool:
 
     def kv_layer(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s view of every page as a KV block: [num_pages, 2, block_size, kv_heads, head_dim]."""
-        return self.storage[:, layer].view(
-            self.num_pages, 2, self.block_size, self.num_kv_heads, self.head_dim
-        )
+        return self.storage[:, layer].view(self.num_pages, 2, self.block_size, self.num_kv_heads, self.head_dim)
 
     def can_allocate(self, num_pages: int) -> bool:
         return num_pages <= self.num_allocatable
@@ -102,9 +101,7 @@ class PagePool:
     def allocate(self, num_pages: int, owner: OwnerKind = OwnerKind.KV) -> list[int]:
         """Take ``num_pages`` pages (free first, then the oldest cached blocks), each with one reference."""
         if not self.can_allocate(num_pages):
-            raise PoolExhaustedError(
-                f"asked for {num_pages} pages but only {self.num_allocatable} can be freed"
-            )
+            raise PoolExhaustedError(f"asked for {num_pages} pages but only {self.num_allocatable} can be freed")
         shortfall = num_pages - len(self._free) - len(self._cached)
         if shortfall > 0 and self.reclaimer is not None:
             self.reclaimer.reclaim(shortfall)
@@ -160,8 +157,8 @@ class PagePool:
         if not copies:
             return
         last = {dst: src for src, dst in copies}  # a page freed and handed out again in one step is named twice
-        sources = torch.tensor(list(last.values()), device=self.storage.device)  # [num_copies]
-        destinations = torch.tensor(list(last), device=self.storage.device)  # [num_copies]
+        pairs = torch.tensor([list(last.values()), list(last)])  # [2, num_copies]: sources, destinations
+        sources, destinations = move_to_device(pairs, self.storage.device)  # [num_copies] each
         self.storage.index_copy_(0, destinations, self.storage.index_select(0, sources))  # [num_copies, L, P] moved
 
     def register_block(self, page_id: int, block_hash: bytes) -> None:
@@ -198,23 +195,70 @@ class PagePool:
         assert len(self._hash_to_page) == sum(p.block_hash is not None for p in self.pages)
 
 
-def make_pool(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> PagePool:
-    """The pool an engine of ``config`` gets: ``config.pool_bytes``, a share of free GPU memory, or 2 GiB on CPU."""
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """How large an engine's pool is, and from which budget."""
+
+    num_pages: int
+    block_size: int
+    page_bytes: int  # one page across every layer
+    budget_bytes: int
+
+
+def page_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one page across all layers: a KV block of ``block_size`` tokens in ``dtype``."""
+    return cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(dtype).bits // 8
+
+
+def size_pool(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, free_device_bytes: int | None) -> PoolSize:
+    """The pool's pages from ``config.pool_bytes``, else a share of ``free_device_bytes``, else the CPU default.
+
+    ``free_device_bytes`` is the device's free memory once the weights are loaded (CUDA's
+    ``mem_get_info``), None on CPU. An explicit ``pool_bytes`` must hold one page: requests longer than the
+    pool are refused one by one. A budget the engine picks itself from free GPU memory must hold one
+    sequence of the model's whole context, else most long requests would be refused for a reason the user
+    never chose; either shortfall is a ConfigError saying what to change.
+    """
     block_size = config.block_size or cfg.pick_block_size()
     if cfg.page_elems(block_size) < cfg.widest_row:
         logger.warning("block_size %d leaves pages narrower than the widest adapter row", block_size)
-    page_bytes = cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(dtype).bits // 8
-    budget = config.pool_bytes
-    if budget is None:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            budget = int(free * DEFAULT_GPU_MEMORY_FRACTION)
-        else:
-            budget = DEFAULT_CPU_POOL_BYTES
+    one_page = page_bytes(cfg, block_size, dtype)
+    min_pages = 1
+    if config.pool_bytes is not None:
+        budget = config.pool_bytes
+        source = f"pool_bytes={budget}"
+        advice = f"give pool_bytes at least {one_page} (one page)"
+    elif free_device_bytes is not None:
+        budget = int(free_device_bytes * DEFAULT_GPU_MEMORY_FRACTION)
+        min_pages = -(-cfg.max_model_len // block_size)
+        source = (
+            f"{DEFAULT_GPU_MEMORY_FRACTION:.0%} of the {free_device_bytes / 2**30:.2f} GiB of free GPU memory, "
+            f"{min_pages} pages being one sequence of the model's {cfg.max_model_len} tokens"
+        )
+        advice = f"free GPU memory held by other processes, or set pool_bytes (at least {min_pages * one_page})"
+    else:
+        budget = DEFAULT_CPU_POOL_BYTES
+        source = f"the CPU default of {budget} bytes"
+        advice = f"set pool_bytes to at least {one_page} (one page)"
+    num_pages = budget // one_page
+    if num_pages < min_pages:
+        raise ConfigError(
+            f"the page pool would get {num_pages} pages of {block_size} tokens ({one_page} bytes each) from "
+            f"{source}; it needs at least {min_pages}: {advice}"
+        )
+    return PoolSize(num_pages, block_size, one_page, budget)
+
+
+def make_pool(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> PagePool:
+    """The pool an engine of ``config`` gets (see :func:`size_pool`); reads CUDA's free memory when it sizes by it."""
+    free_device_bytes = None
+    if device.type == "cuda" and config.pool_bytes is None:
+        free_device_bytes, _ = torch.cuda.mem_get_info(device)
+    size = size_pool(config, cfg, dtype, free_device_bytes)
     return PagePool(
-        budget // page_bytes,
+        size.num_pages,
         cfg.num_layers,
-        block_size,
+        size.block_size,
         cfg.num_kv_heads,
         cfg.head_dim,
         dtype,

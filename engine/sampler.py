@@ -81,7 +81,7 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """
     scaled = logits.div_(batch.temperature)  # [num_rows, vocab], in place: the step's logits are not needed again
     if batch.top_k is not None:
-        max_k = int(batch.top_k.max())
+        max_k = batch.max_top_k
         top_values = scaled.topk(max_k, dim=-1).values  # [num_rows, max_k]
         kth = top_values.gather(1, (batch.top_k.clamp(max=max_k) - 1).view(-1, 1))  # [num_rows, 1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -95,7 +95,8 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     for row in batch.seeded_rows:  # a seed is one request's own: its draw must not depend on the batch
         uniform[row] = torch.rand(1, generator=batch.seqs[row].generator)
     cdf = probs.cumsum_(dim=-1)  # [num_rows, vocab], in place
-    targets = uniform.to(cdf.device) * cdf[:, -1:]  # [num_rows, 1], within each row's total mass
+    # non_blocking: CUDA stages a pageable source before returning, so the host never waits for the device.
+    targets = uniform.to(cdf.device, non_blocking=True) * cdf[:, -1:]  # [num_rows, 1], within each row's total mass
     # right=True: the first token whose cumulative mass passes the target, never one of probability 0.
     token_ids = torch.searchsorted(cdf, targets, right=True).view(-1)  # [num_rows]
     return token_ids.clamp_(max=probs.shape[1] - 1)

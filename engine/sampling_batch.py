@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.grammar_mask import GrammarMask, build_grammar_mask
+from engine.host_to_device import move_to_device
 from engine.sequence import Sequence
 
 
@@ -54,9 +55,15 @@ class SamplingBatch:
     grammar: GrammarMask | None  # structured output: the tokens each constrained row's grammar allows next
     logprob_rows: tuple[int, ...]  # rows whose token's logprob is returned
     num_top_logprobs: tuple[int, ...]  # per logprob row, alternatives asked for
+    max_top_k: int = 0  # the largest of top_k, known on the host (reading it from the device would wait for it)
 
 
 def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) -> SamplingBatch:
+    """The step's sampling rules for ``seqs``, built on the host and moved to ``device`` in one copy."""
+    return move_to_device(_build(seqs, vocab_size, torch.device("cpu")), device)
+
+
+def _build(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) -> SamplingBatch:
     params = [seq.params for seq in seqs]
     greedy = [p.greedy for p in params]
     all_greedy = all(greedy)
@@ -65,10 +72,13 @@ def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: to
         return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1)  # [num_rows, 1]
 
     temperature = top_k = top_p = min_p = None
+    max_top_k = 0
     if not all_greedy:
         temperature = column([1.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)])
         if any(p.top_k and not g for g, p in zip(greedy, params, strict=True)):
-            top_k = torch.tensor([p.top_k or vocab_size for p in params], device=device)  # [num_rows]
+            top_k_values = [p.top_k or vocab_size for p in params]
+            top_k = torch.tensor(top_k_values, device=device)  # [num_rows]
+            max_top_k = max(top_k_values)
         if any(p.top_p < 1.0 for p in params):
             top_p = column([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
@@ -88,6 +98,7 @@ def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: to
         grammar=build_grammar_mask(seqs, vocab_size, device),
         logprob_rows=logprob_rows,
         num_top_logprobs=tuple(params[row].logprobs for row in logprob_rows),
+        max_top_k=max_top_k,
     )
 
 

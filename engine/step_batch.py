@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelConfig
+from engine.host_to_device import move_to_device
 from engine.lora_batch import LoraStep, build_lora_step
 from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
@@ -88,7 +89,7 @@ def build_step_batch(
     query_lens = [item.num_new_tokens for item in items]
 
     def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype)  # on the host: the step moves to the device in one copy
 
     attention = PagedAttentionMetadata(
         query_start_loc=tensor(query_start_loc, torch.int32),  # [num_seqs + 1]
@@ -96,7 +97,7 @@ def build_step_batch(
         block_tables=tensor(table, torch.int32),  # [num_seqs, max_blocks]
         token_to_seq=torch.repeat_interleave(
             torch.arange(len(items), dtype=torch.int32), torch.tensor(query_lens)
-        ).to(device),  # [num_tokens]
+        ),  # [num_tokens]
         num_decode_seqs=num_decode,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
@@ -108,7 +109,7 @@ def build_step_batch(
             attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
         ))
     runs = [(item.num_new_tokens, item.seq.adapter) for item in items]
-    return StepBatch(
+    batch = StepBatch(
         input_ids=tensor(input_ids),  # [num_tokens]
         positions=tensor(positions),  # [num_tokens]
         slot_mapping=tensor(slots),  # [num_tokens]
@@ -119,4 +120,5 @@ def build_step_batch(
         scored=tuple(scored),
         scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
     )
+    return move_to_device(batch, device)  # every tensor above in one copy (engine/host_to_device.py)
 

@@ -1,0 +1,232 @@
+"""``loraplex doctor``: what to run first on a new machine. One line per check; exit status 1 when one that ran failed.
+
+The checks, in order:
+
+- the device the engine would use: CUDA's name and memory, or the CPU's model and cores;
+- the kernel backend the engine would choose there (``EngineConfig.kernel_backend``), and why;
+- each op of a decoder layer run as the engine would run it against its torch implementation on small
+  inputs (:mod:`kernels.op_checks`), once for the native CPU library and once for CUDA. The side the
+  engine does not use here is one skipped line per op, with the reason;
+- a short greedy generate with the configured model (LORAPLEX_MODEL), timed. The default model is never
+  downloaded here: when it was not pulled yet the line says how to get it.
+
+Skipped checks do not fail the run. ``--json`` prints the same results for machines.
+"""
+
+import enum
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from app.model_store import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_SPEC,
+    ModelStoreError,
+    installed_default_model,
+    resolve_model,
+)
+from app.settings import Settings
+from engine import Engine, EngineConfig, SamplingParams
+from engine.config import ModelConfig
+from engine.errors import ConfigError
+from kernels.backend import KernelBackend
+from kernels.native_cpu import unavailable_reason
+from kernels.op_checks import OPS, run_op_check
+
+GENERATE_PROMPT = "The three primary colours are"
+GENERATE_TOKENS = 32
+WARMUP_TOKENS = 2  # a first call loads the native library or compiles the Triton kernels: not timed
+# The generate needs a few pages; the engine's own default would take 85 % of a GPU's free memory.
+POOL_BYTES = 128 * 1024**2
+HEAD_DIM_WITHOUT_MODEL = 64  # the default model's, for choosing the backend when no model is at hand
+
+
+class Status(enum.Enum):
+    PASS = "ok"
+    FAIL = "FAIL"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    status: Status
+    detail: str
+    values: dict[str, float | int | str] = field(default_factory=dict)  # the numbers, for --json
+
+
+def run_doctor(settings: Settings) -> list[CheckResult]:
+    """Every check, in the order they are printed."""
+    model, model_problem = find_model(settings)
+    config = EngineConfig(model=str(model or ""), pool_bytes=POOL_BYTES)
+    device = config.torch_device()
+    dtype = config.torch_dtype(device)
+    head_dim = ModelConfig.from_folder(model).head_dim if model else HEAD_DIM_WITHOUT_MODEL
+    backend_check, backend = check_kernel_backend(config, device, dtype, head_dim)
+    return [
+        check_device(device),
+        backend_check,
+        *check_native_ops(device, backend),
+        *check_cuda_ops(device, dtype, backend),
+        model_problem or check_generate(config, model, device, dtype, backend),
+    ]
+
+
+def find_model(settings: Settings) -> tuple[Path | None, CheckResult | None]:
+    """The model folder to generate with, or why there is none (a skip when the default was never pulled)."""
+    if settings.model == DEFAULT_MODEL_SPEC:
+        folder = installed_default_model(settings.home)
+        if folder is None:
+            return None, CheckResult(
+                "generate",
+                Status.SKIP,
+                f"the default model {DEFAULT_MODEL_NAME} is not in {settings.home / 'models'}: "
+                "run `loraplex models pull` (about 93 MB), or set LORAPLEX_MODEL to a model folder",
+            )
+        return folder, None
+    try:
+        return resolve_model(settings.model, settings.home), None
+    except ModelStoreError as error:
+        return None, CheckResult("generate", Status.FAIL, str(error))
+
+
+def check_device(device: torch.device) -> CheckResult:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return CheckResult(
+            "device",
+            Status.PASS,
+            f"cuda: {props.name}, compute capability {props.major}.{props.minor}, {total / 2**30:.1f} GiB "
+            f"({free / 2**30:.1f} GiB free); torch {torch.__version__}, CUDA {torch.version.cuda}",
+            {"device": "cuda", "device_name": props.name, "total_bytes": total, "free_bytes": free},
+        )
+    cores = os.cpu_count() or 1
+    return CheckResult(
+        "device",
+        Status.PASS,
+        f"cpu: {cpu_model()}, {cores} cores; torch {torch.__version__} on {torch.get_num_threads()} threads; "
+        "no CUDA device",
+        {"device": "cpu", "device_name": cpu_model(), "cores": cores},
+    )
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def check_kernel_backend(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, head_dim: int
+) -> tuple[CheckResult, KernelBackend | None]:
+    """The backend ``kernels='auto'`` resolves to here (building the native library once on CPU), and why."""
+    try:
+        backend = config.kernel_backend(device, dtype, head_dim)
+    except ConfigError as error:
+        return CheckResult("kernel backend", Status.FAIL, str(error)), None
+    dtype_name = str(dtype).removeprefix("torch.")
+    if backend is KernelBackend.TRITON:
+        why = f"on CUDA: the Triton kernels for paged attention and SGMV, torch for the other ops, in {dtype_name}"
+    elif backend is KernelBackend.NATIVE:
+        why = "on CPU in float32, and the native C++ library builds here"
+    else:
+        why = f"the native CPU kernels cannot run: {unavailable_reason() or f'{dtype_name}, head_dim {head_dim}'}"
+    result = CheckResult(
+        "kernel backend", Status.PASS, f"{backend.value} (kernels='auto' {why})", {"backend": backend.value}
+    )
+    return result, backend
+
+
+def check_native_ops(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
+    """Each op on the native CPU library against torch, when the engine would run it."""
+    if device.type != "cpu":
+        return _skip_each("native", f"the engine runs on {device.type}; the native library serves CPU engines")
+    if backend is not KernelBackend.NATIVE:
+        return _skip_each("native", unavailable_reason() or "the engine runs the torch ops here")
+    return [_op_result("native", op, torch.device("cpu"), torch.float32, backend) for op in OPS]
+
+
+def check_cuda_ops(device: torch.device, dtype: torch.dtype, backend: KernelBackend | None) -> list[CheckResult]:
+    """Each op on the CUDA device, as the engine runs it there, against torch on the CPU."""
+    if device.type != "cuda":
+        return _skip_each("cuda", f"no CUDA device (torch {torch.__version__} sees none)")
+    if backend is None:
+        return _skip_each("cuda", "no kernel backend could be chosen (see above)")
+    return [_op_result("cuda", op, device, dtype, backend) for op in OPS]
+
+
+def check_generate(
+    config: EngineConfig, model: Path, device: torch.device, dtype: torch.dtype, backend: KernelBackend | None
+) -> CheckResult:
+    """A greedy generate of GENERATE_TOKENS tokens after a short untimed one; tokens/s end to end."""
+    params = SamplingParams(max_tokens=GENERATE_TOKENS, temperature=0.0, ignore_eos=True)
+    try:
+        started = time.perf_counter()
+        engine = Engine(config)
+        loaded = time.perf_counter()
+        engine.generate([GENERATE_PROMPT], SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0, ignore_eos=True))
+        warmed = time.perf_counter()
+        output = engine.generate([GENERATE_PROMPT], params)[0]
+        elapsed = time.perf_counter() - warmed
+    except Exception as error:  # whatever breaks here is what the user must see
+        return CheckResult("generate", Status.FAIL, f"{model.name}: {type(error).__name__}: {error}")
+    num_tokens = len(output.token_ids)
+    rate = num_tokens / elapsed
+    where = f"{device.type}/{str(dtype).removeprefix('torch.')}, {backend.value if backend else '?'} kernels"
+    return CheckResult(
+        "generate",
+        Status.PASS if num_tokens == GENERATE_TOKENS else Status.FAIL,
+        f"{num_tokens} of {GENERATE_TOKENS} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({model.name} on {where}; "
+        f"load {loaded - started:.1f} s, first call {warmed - loaded:.2f} s)",
+        {"tokens": num_tokens, "seconds": elapsed, "tokens_per_s": rate, "load_s": loaded - started},
+    )
+
+
+def _op_result(side: str, op: str, device: torch.device, dtype: torch.dtype, backend: KernelBackend) -> CheckResult:
+    name = f"{side} {op}"
+    try:
+        check = run_op_check(op, device, dtype, backend)
+    except Exception as error:  # an op that raises on this device is a failed check, not a crash
+        return CheckResult(name, Status.FAIL, f"{type(error).__name__}: {error}")
+    return CheckResult(
+        name,
+        Status.PASS if check.passed else Status.FAIL,
+        f"max error {check.max_error:.1e} (tolerance {check.tolerance:.0e}) against torch, "
+        f"{str(dtype).removeprefix('torch.')} on {device.type}",
+        {"max_error": check.max_error, "tolerance": check.tolerance},
+    )
+
+
+def _skip_each(side: str, reason: str) -> list[CheckResult]:
+    return [CheckResult(f"{side} {op}", Status.SKIP, reason) for op in OPS]
+
+
+def exit_status(results: list[CheckResult]) -> int:
+    """0 when every check that ran passed, else 1."""
+    return int(any(result.status is Status.FAIL for result in results))
+
+
+def render_text(results: list[CheckResult]) -> str:
+    width = max(len(result.name) for result in results)
+    lines = [f"{result.status.value:<4}  {result.name:<{width}}  {result.detail}" for result in results]
+    counts = {status: sum(result.status is status for result in results) for status in Status}
+    lines.append(f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, {counts[Status.SKIP]} skipped")
+    return "\n".join(lines)
+
+
+def render_json(results: list[CheckResult]) -> str:
+    checks = [
+        {"name": result.name, "status": result.status.name.lower(), "detail": result.detail, **result.values}
+        for result in results
+    ]
+    return json.dumps({"passed": exit_status(results) == 0, "checks": checks}, indent=2)

@@ -1,0 +1,150 @@
+"""`loraplex doctor` run in this process on the CPU path (CUDA hidden even where a GPU is present): the device,
+the kernel backend, each native op against torch, the CUDA checks skipped one line each, a timed generate with
+the tiny model; a disagreeing op or a missing model folder exit 1; a default model never pulled is a skip."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import click.testing
+import pytest
+import torch
+
+from app.cli import cli
+from kernels import op_checks
+from kernels.backend import KernelBackend
+from kernels.native_cpu import native_ops, unavailable_reason
+from tests.engine.tiny_models import make_tiny_model
+
+OPS = ("paged_attention", "sgmv_fused", "add_rms_norm", "rope_kv_write", "silu_mul")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("doctor-model"))
+
+
+@pytest.fixture(scope="module")
+def native_builds() -> bool:
+    """Whether the native library builds here; in CI it must (its ops' lines then run, not skip)."""
+    if native_ops() is None and os.environ.get("CI"):
+        pytest.fail(f"native CPU kernels unavailable in CI: {unavailable_reason()}")
+    return native_ops() is not None
+
+
+@pytest.fixture(autouse=True)
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def doctor(tmp_path: Path, model: str, *args: str) -> click.testing.Result:
+    env = {"LORAPLEX_HOME": str(tmp_path / "home"), "LORAPLEX_MODEL": model}
+    return click.testing.CliRunner().invoke(cli, ["doctor", *args], env=env, catch_exceptions=False)
+
+
+def lines_by_name(output: str) -> dict[str, tuple[str, str]]:
+    """``{check name: (status, detail)}`` from the text report: status, the name padded, two spaces, the detail."""
+    rows = {}
+    for line in output.splitlines()[:-1]:  # the last line is the summary
+        status, name, detail = re.fullmatch(r"(ok|FAIL|skip) +(.+?)  +(.*)", line).groups()
+        rows[name] = (status, detail)
+    return rows
+
+
+def test_cpu_path_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> None:
+    result = doctor(tmp_path, str(tiny_model))
+    assert result.exit_code == 0, result.output
+    rows = lines_by_name(result.stdout)
+
+    status, detail = rows["device"]
+    assert status == "ok" and detail.startswith("cpu: ") and f"{os.cpu_count()} cores" in detail
+    status, detail = rows["kernel backend"]
+    assert status == "ok" and detail.startswith("native (" if native_builds else "torch (")
+    for op in OPS:
+        status, detail = rows[f"native {op}"]
+        if native_builds:
+            assert status == "ok" and "max error" in detail and "float32 on cpu" in detail, (op, detail)
+        else:
+            assert status == "skip" and detail == unavailable_reason()
+        assert rows[f"cuda {op}"] == ("skip", f"no CUDA device (torch {torch.__version__} sees none)")
+    status, detail = rows["generate"]
+    assert status == "ok" and detail.startswith("32 of 32 tokens in ") and " tokens/s (" in detail
+    assert tiny_model.name in detail
+    num_ok = 2 + 1 + (len(OPS) if native_builds else 0)
+    assert result.stdout.splitlines()[-1] == f"{num_ok} passed, 0 failed, {13 - num_ok} skipped"
+
+
+def test_json_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> None:
+    result = doctor(tmp_path, str(tiny_model), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    checks = {check["name"]: check for check in report["checks"]}
+    assert report["passed"] is True
+    assert list(checks) == [
+        "device",
+        "kernel backend",
+        *(f"native {op}" for op in OPS),
+        *(f"cuda {op}" for op in OPS),
+        "generate",
+    ]
+    assert checks["device"]["device"] == "cpu" and checks["device"]["cores"] == os.cpu_count()
+    for op in OPS:
+        native = checks[f"native {op}"]
+        if native_builds:
+            assert native["status"] == "pass" and 0 <= native["max_error"] <= native["tolerance"] == 1e-4
+        assert checks[f"cuda {op}"]["status"] == "skip"
+    generate = checks["generate"]
+    assert generate["status"] == "pass" and generate["tokens"] == 32 and generate["tokens_per_s"] > 0
+
+
+def test_an_op_that_disagrees_with_torch_fails(
+    tmp_path: Path, tiny_model: Path, native_builds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not native_builds:
+        pytest.skip(f"the native ops' lines are skipped here: {unavailable_reason()}")
+    real = op_checks.silu_mul
+    monkeypatch.setattr(op_checks, "silu_mul", lambda gate_up, backend: real(gate_up, backend) * 1.01)
+    result = doctor(tmp_path, str(tiny_model))
+    assert result.exit_code == 1
+    status, detail = lines_by_name(result.stdout)["native silu_mul"]
+    assert status == "FAIL" and "tolerance 1e-04" in detail
+    assert lines_by_name(result.stdout)["native add_rms_norm"][0] == "ok"
+
+
+def test_a_missing_model_folder_fails_and_a_default_never_pulled_is_skipped(tmp_path: Path) -> None:
+    missing = doctor(tmp_path, str(tmp_path / "no-such-model"))
+    assert missing.exit_code == 1
+    status, detail = lines_by_name(missing.stdout)["generate"]
+    assert status == "FAIL" and "does not exist" in detail
+
+    never_pulled = doctor(tmp_path, "")  # empty: the default model
+    status, detail = lines_by_name(never_pulled.stdout)["generate"]
+    assert status == "skip" and "loraplex models pull" in detail
+    assert never_pulled.exit_code == int(any(line.startswith("FAIL") for line in never_pulled.stdout.splitlines()))
+    assert not (tmp_path / "home" / "models").exists(), "the doctor never downloads the model"
+
+
+# Each op made 1 % wrong where the check calls it: the check must catch it.
+PERTURBED = {
+    "paged_attention": lambda real: lambda *args: real(*args) * 1.01,
+    "sgmv_fused": lambda real: (
+        lambda x, storage, meta, offset, y, *rest: (
+            real(x, storage, meta, offset, y, *rest),
+            y.mul_(1.01),
+        )
+    ),
+    "add_rms_norm": lambda real: lambda *args: real(*args) * 1.01,
+    "rope_kv_write": lambda real: lambda qkv, *rest: (real(qkv, *rest), qkv.mul_(1.01)),
+    "silu_mul": lambda real: lambda *args: real(*args) * 1.01,
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_op_checks_pass_the_torch_ops_and_catch_a_wrong_one(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    check = op_checks.run_op_check(op, cpu, torch.float32, KernelBackend.TORCH)
+    assert check.passed and check.max_error < 1e-6 and check.tolerance == 1e-4
+    monkeypatch.setattr(op_checks, op, PERTURBED[op](getattr(op_checks, op)))
+    wrong = op_checks.run_op_check(op, cpu, torch.float32, KernelBackend.TORCH)
+    assert not wrong.passed and wrong.max_error > 1e-3
