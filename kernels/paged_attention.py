@@ -2,8 +2,12 @@
 
 Every query row attends causally to its sequence's cached keys, read page by page through the
 sequence's block table; a decode row and a prefill row are the same problem with different positions.
+The Triton launcher splits the rows: segments of MIN_TILED_ROWS rows or more take the tiled kernel on
+tensor cores (``kernels.paged_prefill_attention``), the others the row kernel below.
 """
 
+import functools
+import itertools
 import math
 
 import torch
@@ -14,6 +18,8 @@ from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.backend import KernelBackend
 from kernels.native_cpu import require_native_ops
 from kernels.paged_attention_torch import paged_attention_torch
+from kernels.paged_prefill_attention import MIN_TILED_ROWS, paged_prefill_attention_triton, plan_prefill_tiles
+from kernels.triton_launch import AOT_ATTENTION_SHAPE, TritonLaunch, make_launch, triton_type
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
 # independent of block_size. Scores are a broadcast product, not tl.dot (which needs 16 query rows), so
@@ -46,6 +52,7 @@ def _paged_attention_kernel(
     stride_out_token,
     stride_out_head,
     stride_bt_seq,
+    min_tiled_rows,  # rows of segments at least this long are the tiled kernel's: their programs exit at once
     group: tl.constexpr,  # query heads per kv head
     head_dim: tl.constexpr,
     block_size: tl.constexpr,
@@ -57,66 +64,115 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
 
     seq = tl.load(token_to_seq_ptr + token)
+    q_start = tl.load(query_start_loc_ptr + seq)
     q_end = tl.load(query_start_loc_ptr + seq + 1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    position = seq_len - (q_end - token)  # this row attends to keys 0..position
+    if q_end - q_start < min_tiled_rows:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        position = seq_len - (q_end - token)  # this row attends to keys 0..position
 
-    g = tl.arange(0, GROUP_PAD)  # [GROUP_PAD]
-    d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
-    n = tl.arange(0, KEYS_PER_TILE)  # [KEYS_PER_TILE]
-    g_mask = g < group  # [GROUP_PAD]
-    d_mask = d < head_dim  # [HEAD_DIM_PAD]
-    heads = kv_head * group + g  # [GROUP_PAD]
+        g = tl.arange(0, GROUP_PAD)  # [GROUP_PAD]
+        d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
+        n = tl.arange(0, KEYS_PER_TILE)  # [KEYS_PER_TILE]
+        g_mask = g < group  # [GROUP_PAD]
+        d_mask = d < head_dim  # [HEAD_DIM_PAD]
+        heads = kv_head * group + g  # [GROUP_PAD]
 
-    head_offs = heads[:, None] * stride_q_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
-    gd_mask = g_mask[:, None] & d_mask[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
-    q_row = q_ptr + token.to(tl.int64) * stride_q_token
-    q = tl.load(q_row + head_offs, mask=gd_mask, other=0.0).to(tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
+        head_offs = heads[:, None] * stride_q_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
+        gd_mask = g_mask[:, None] & d_mask[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
+        q_row = q_ptr + token.to(tl.int64) * stride_q_token
+        q = tl.load(q_row + head_offs, mask=gd_mask, other=0.0).to(tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
 
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # [GROUP_PAD] running max (log2 units)
-    denom = tl.zeros([GROUP_PAD], tl.float32)  # [GROUP_PAD] running sum of exp2
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # [GROUP_PAD] running max (log2 units)
+        denom = tl.zeros([GROUP_PAD], tl.float32)  # [GROUP_PAD] running sum of exp2
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
 
-    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    # Every tile starts at a key <= position, so each has at least one live key and m stays finite.
-    for start in range(0, position + 1, KEYS_PER_TILE):
-        keys = start + n  # [KEYS_PER_TILE] positions in the sequence
-        key_mask = keys <= position  # [KEYS_PER_TILE]
-        pages = tl.load(block_table + keys // block_size, mask=key_mask, other=0)  # [KEYS_PER_TILE]
-        slots = keys % block_size  # [KEYS_PER_TILE]
-        kv_offs = (
-            pages.to(tl.int64)[:, None] * stride_kv_page
-            + slots[:, None] * stride_kv_slot
-            + kv_head * stride_kv_head
-            + d[None, :]
-        )  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-        kd_mask = key_mask[:, None] & d_mask[None, :]  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-        k_ptrs = kv_ptr + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-        v_ptrs = kv_ptr + stride_kv_kind + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-        k = tl.load(k_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-        v = tl.load(v_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+        block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+        # Every tile starts at a key <= position, so each has at least one live key and m stays finite.
+        for start in range(0, position + 1, KEYS_PER_TILE):
+            keys = start + n  # [KEYS_PER_TILE] positions in the sequence
+            key_mask = keys <= position  # [KEYS_PER_TILE]
+            pages = tl.load(block_table + keys // block_size, mask=key_mask, other=0)  # [KEYS_PER_TILE]
+            slots = keys % block_size  # [KEYS_PER_TILE]
+            kv_offs = (
+                pages.to(tl.int64)[:, None] * stride_kv_page
+                + slots[:, None] * stride_kv_slot
+                + kv_head * stride_kv_head
+                + d[None, :]
+            )  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+            kd_mask = key_mask[:, None] & d_mask[None, :]  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+            k_ptrs = kv_ptr + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+            v_ptrs = kv_ptr + stride_kv_kind + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+            k = tl.load(k_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+            v = tl.load(v_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
 
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale_log2  # [GROUP_PAD, KEYS_PER_TILE]
-        scores = tl.where(key_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, KEYS_PER_TILE]
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale_log2  # [GROUP_PAD, KEYS_PER_TILE]
+            scores = tl.where(key_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, KEYS_PER_TILE]
 
-        m_new = tl.maximum(m, tl.max(scores, axis=1))  # [GROUP_PAD]
-        alpha = tl.exp2(m - m_new)  # [GROUP_PAD]
-        p = tl.exp2(scores - m_new[:, None])  # [GROUP_PAD, KEYS_PER_TILE]
-        denom = denom * alpha + tl.sum(p, axis=1)  # [GROUP_PAD]
-        pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [GROUP_PAD, HEAD_DIM_PAD]
-        acc = acc * alpha[:, None] + pv  # [GROUP_PAD, HEAD_DIM_PAD]
-        m = m_new
+            m_new = tl.maximum(m, tl.max(scores, axis=1))  # [GROUP_PAD]
+            alpha = tl.exp2(m - m_new)  # [GROUP_PAD]
+            p = tl.exp2(scores - m_new[:, None])  # [GROUP_PAD, KEYS_PER_TILE]
+            denom = denom * alpha + tl.sum(p, axis=1)  # [GROUP_PAD]
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [GROUP_PAD, HEAD_DIM_PAD]
+            acc = acc * alpha[:, None] + pv  # [GROUP_PAD, HEAD_DIM_PAD]
+            m = m_new
 
-    out = acc / denom[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
-    out_offs = heads[:, None] * stride_out_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
-    out_row = out_ptr + token.to(tl.int64) * stride_out_token
-    tl.store(out_row + out_offs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        out = acc / denom[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
+        out_offs = heads[:, None] * stride_out_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
+        out_row = out_ptr + token.to(tl.int64) * stride_out_token
+        tl.store(out_row + out_offs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@functools.cache  # a pure function of its arguments: built once per model shape and dtype, not per layer
+def row_launch(dtype: torch.dtype, group: int, head_dim: int, block_size: int) -> TritonLaunch:
+    """The row kernel's constexprs, ``num_warps`` and signature, as ``paged_attention_triton`` launches it."""
+    t = triton_type(dtype)
+    arg_types = {
+        **dict.fromkeys(("q_ptr", "kv_ptr", "out_ptr"), f"*{t}"),
+        **dict.fromkeys(("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr", "token_to_seq_ptr"), "*i32"),
+        "scale_log2": "fp32",
+        **dict.fromkeys(
+            (
+                "stride_q_token",
+                "stride_q_head",
+                "stride_kv_page",
+                "stride_kv_kind",
+                "stride_kv_slot",
+                "stride_kv_head",
+                "stride_out_token",
+                "stride_out_head",
+                "stride_bt_seq",
+                "min_tiled_rows",
+            ),
+            "i32",
+        ),
+    }
+    constexprs = {
+        "group": group,
+        "head_dim": head_dim,
+        "block_size": block_size,
+        "GROUP_PAD": triton.next_power_of_2(group),
+        "HEAD_DIM_PAD": triton.next_power_of_2(head_dim),
+        "KEYS_PER_TILE": _KEYS_PER_TILE,
+    }
+    return make_launch(_paged_attention_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
+
+
+def triton_launches() -> tuple[TritonLaunch, ...]:
+    """The row kernel at SmolLM2-135M's shape (``AOT_ATTENTION_SHAPE``) in every dtype the launcher accepts."""
+    shape = AOT_ATTENTION_SHAPE
+    return tuple(row_launch(dtype, shape.group, shape.head_dim, shape.block_size) for dtype in _SUPPORTED_DTYPES)
 
 
 def paged_attention_triton(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """Launch the Triton kernel; see ``paged_attention`` for the semantics and the arguments."""
+    """Launch the Triton kernels; see ``paged_attention`` for the semantics and the arguments.
+
+    Segments of MIN_TILED_ROWS query rows or more (prefill chunks) take the tiled kernel, the others
+    (decode rows, short chunks) the row kernel. The split reads only the host's ``query_start_loc_list``:
+    the tiled kernel gets a tile list built on the host and copied once, the row kernel runs over every
+    row and its programs for rows of long segments exit at once, so nothing is read back from the device.
+    """
     _check_inputs(q, kv_cache, meta)
     num_tokens, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -125,10 +181,17 @@ def paged_attention_triton(
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
     if num_tokens == 0:
         return out
+    segment_lens = [end - start for start, end in itertools.pairwise(meta.query_start_loc_list)]
+    if max(segment_lens) >= MIN_TILED_ROWS:
+        tiles = plan_prefill_tiles(meta.query_start_loc_list, group, q.device)  # [num_tiles, 2]
+        paged_prefill_attention_triton(q, kv_cache, meta, scale, out, tiles)
+    if min(segment_lens) >= MIN_TILED_ROWS:
+        return out
 
     # One program per (query row, kv head): the program loads that kv head's whole group of query
     # heads, so each K/V tile is read once for the group, and rows of different sequences and
-    # positions (decode or prefill) need no padding to a common query length.
+    # positions (decode or short chunks) need no padding to a common query length.
+    launch = row_launch(q.dtype, group, head_dim, block_size)
     grid = (num_tokens, num_kv_heads)
     _paged_attention_kernel[grid](
         q,
@@ -148,13 +211,9 @@ def paged_attention_triton(
         out.stride(0),
         out.stride(1),
         meta.block_tables.stride(0),
-        group=group,
-        head_dim=head_dim,
-        block_size=block_size,
-        GROUP_PAD=triton.next_power_of_2(group),
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        KEYS_PER_TILE=_KEYS_PER_TILE,
-        num_warps=_NUM_WARPS,
+        MIN_TILED_ROWS,
+        **launch.constexprs,
+        num_warps=launch.num_warps,
     )
     return out
 
@@ -168,8 +227,7 @@ def _check_inputs(q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionM
         raise ValueError(f"q must be a contiguous [num_tokens, num_heads, head_dim] tensor, got {q.shape}")
     if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
         raise ValueError(
-            "kv_cache must be [num_pages, 2, block_size, num_kv_heads, head_dim], "
-            f"got {tuple(kv_cache.shape)}"
+            f"kv_cache must be [num_pages, 2, block_size, num_kv_heads, head_dim], got {tuple(kv_cache.shape)}"
         )
     if kv_cache.stride(4) != 1:
         raise ValueError("kv_cache must be contiguous along head_dim (a layer view of the page pool is)")
@@ -196,8 +254,7 @@ def _check_inputs(q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionM
             raise ValueError(f"meta.{name} must be a contiguous int32 tensor on {q.device}")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] != num_seqs:
         raise ValueError(
-            f"meta.block_tables must be [num_seqs={num_seqs}, max_num_blocks], "
-            f"got {tuple(meta.block_tables.shape)}"
+            f"meta.block_tables must be [num_seqs={num_seqs}, max_num_blocks], got {tuple(meta.block_tables.shape)}"
         )
     if meta.num_tokens != num_tokens:
         raise ValueError(f"meta covers {meta.num_tokens} query rows but q has {num_tokens}")

@@ -4,6 +4,8 @@ One launch serves a module group (q/k/v, or gate/up) of every segment, whatever 
 each module adds into its own columns of the group's fused output.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -12,6 +14,7 @@ from kernels.lora_metadata import SgmvMetadata, check_sgmv_metadata
 from kernels.sgmv_shrink import check_pool
 from kernels.sgmv_torch import sgmv_expand_torch
 from kernels.sgmv_torch_plan import SgmvTorchPlan
+from kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side (see sgmv_shrink for why a decode
 # token still takes a 16-row tile). A rank up to 16 is one inner step, 64 four. Chosen for register
@@ -85,6 +88,31 @@ def _sgmv_expand_kernel(
             tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
+@functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
+def expand_launch(dtype: torch.dtype) -> TritonLaunch:
+    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_expand_triton`` launches it."""
+    t = triton_type(dtype)
+    arg_types = {
+        **dict.fromkeys(("v_ptr", "storage_ptr", "y_ptr"), f"*{t}"),
+        **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
+        "row_addr_ptr": "*i64",
+        **dict.fromkeys(("out_dims_ptr", "out_offsets_ptr"), "*i32"),
+        **dict.fromkeys(("layer_offset", "num_modules", "stride_v", "stride_y"), "i32"),
+    }
+    constexprs = {
+        "DOT_PRECISION": dot_precision(dtype),
+        "TOKENS_PER_TILE": _TOKENS_PER_TILE,
+        "RANK_PER_TILE": _RANK_PER_TILE,
+        "OUT_PER_TILE": _OUT_PER_TILE,
+    }
+    return make_launch(_sgmv_expand_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
+
+
+def triton_launches() -> tuple[TritonLaunch, ...]:
+    """Every launch of this module's kernel: one per dtype the launcher accepts (the AOT compile builds these)."""
+    return tuple(expand_launch(dtype) for dtype in _SUPPORTED_DTYPES)
+
+
 def sgmv_expand_triton(
     v: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, y: torch.Tensor
 ) -> None:
@@ -98,6 +126,7 @@ def sgmv_expand_triton(
     # loop runs to each pair's own rank). Tiles past a module's width, or of a skipped pair, return at
     # once; the segment's tokens are looped inside, as in shrink.
     grid = (meta.num_segments, meta.num_modules, triton.cdiv(max(meta.out_dims), _OUT_PER_TILE))
+    launch = expand_launch(y.dtype)
     _sgmv_expand_kernel[grid](
         v,
         storage,
@@ -113,11 +142,8 @@ def sgmv_expand_triton(
         meta.num_modules,
         v.stride(0),
         y.stride(0),
-        DOT_PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
-        TOKENS_PER_TILE=_TOKENS_PER_TILE,
-        RANK_PER_TILE=_RANK_PER_TILE,
-        OUT_PER_TILE=_OUT_PER_TILE,
-        num_warps=_NUM_WARPS,
+        **launch.constexprs,
+        num_warps=launch.num_warps,
     )
 
 

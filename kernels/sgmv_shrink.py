@@ -3,6 +3,8 @@
 One launch serves a module group (q/k/v, or gate/up) of every segment, whatever the segments' ranks.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -10,6 +12,7 @@ import triton.language as tl
 from kernels.lora_metadata import SgmvMetadata, check_sgmv_metadata
 from kernels.sgmv_torch import sgmv_shrink_torch
 from kernels.sgmv_torch_plan import SgmvTorchPlan
+from kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side, so a decode segment (one token)
 # still takes a 16-row token tile; its padding rows are masked out of the loads, so they cost registers,
@@ -79,9 +82,31 @@ def _sgmv_shrink_kernel(
             tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=t_mask[:, None] & j_mask[None, :])
 
 
-def sgmv_shrink_triton(
-    x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int
-) -> torch.Tensor:
+@functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
+def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
+    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_shrink_triton`` launches it."""
+    t = triton_type(dtype)
+    arg_types = {
+        **dict.fromkeys(("x_ptr", "storage_ptr", "v_ptr"), f"*{t}"),
+        **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
+        "row_addr_ptr": "*i64",
+        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "stride_x", "stride_v"), "i32"),
+    }
+    constexprs = {
+        "DOT_PRECISION": dot_precision(dtype),
+        "TOKENS_PER_TILE": _TOKENS_PER_TILE,
+        "RANK_PER_TILE": _RANK_PER_TILE,
+        "IN_PER_TILE": _IN_PER_TILE,
+    }
+    return make_launch(_sgmv_shrink_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
+
+
+def triton_launches() -> tuple[TritonLaunch, ...]:
+    """Every launch of this module's kernel: one per dtype the launcher accepts (the AOT compile builds these)."""
+    return tuple(shrink_launch(dtype) for dtype in _SUPPORTED_DTYPES)
+
+
+def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int) -> torch.Tensor:
     """Launch the Triton kernel; see ``sgmv_shrink`` for the semantics and the arguments."""
     check_shrink_inputs(x, storage, meta, layer_offset)
     check_sgmv_metadata(meta, x.device)
@@ -93,6 +118,7 @@ def sgmv_shrink_triton(
     # segments of different ranks share the launch (tiles past a pair's rank return at once). The
     # segment's tokens are looped inside, so a long prefill segment and a decode token take one program.
     grid = (meta.num_segments, meta.num_modules, triton.cdiv(meta.max_rank, _RANK_PER_TILE))
+    launch = shrink_launch(x.dtype)
     _sgmv_shrink_kernel[grid](
         x,
         storage,
@@ -107,11 +133,8 @@ def sgmv_shrink_triton(
         meta.num_modules,
         x.stride(0),
         v.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        TOKENS_PER_TILE=_TOKENS_PER_TILE,
-        RANK_PER_TILE=_RANK_PER_TILE,
-        IN_PER_TILE=_IN_PER_TILE,
-        num_warps=_NUM_WARPS,
+        **launch.constexprs,
+        num_warps=launch.num_warps,
     )
     return v
 

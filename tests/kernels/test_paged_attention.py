@@ -32,17 +32,23 @@ HEAD_DIMS = [64, 48]
 @dataclasses.dataclass(frozen=True)
 class Batch:
     q: torch.Tensor  # [num_tokens, num_heads, head_dim]
-    kv_cache: torch.Tensor  # [num_pages, 2, BLOCK_SIZE, num_kv_heads, head_dim], a layer view of the pool
+    kv_cache: torch.Tensor  # [num_pages, 2, block_size, num_kv_heads, head_dim], a layer view of the pool
     meta: PagedAttentionMetadata
     scale: float
 
 
 def make_batch(
-    seqs: list[tuple[int, int]], num_kv_heads: int, group: int, head_dim: int, dtype: torch.dtype, seed: int
+    seqs: list[tuple[int, int]],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    block_size: int = BLOCK_SIZE,
 ) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     num_decode_seqs = next((i for i, (q_len, _) in enumerate(seqs) if q_len != 1), len(seqs))
-    blocks_per_seq = [math.ceil(seq_len / BLOCK_SIZE) for _, seq_len in seqs]
+    blocks_per_seq = [math.ceil(seq_len / block_size) for _, seq_len in seqs]
     num_pages = sum(blocks_per_seq) + SPARE_PAGES
     page_ids = torch.randperm(num_pages, generator=gen)  # [num_pages], shuffled so pages are not in order
     max_num_blocks = max(blocks_per_seq) + 1  # one padding column for every sequence
@@ -52,10 +58,10 @@ def make_batch(
         block_tables[s, :num_blocks] = page_ids[taken : taken + num_blocks]
         taken += num_blocks
 
-    page_numel = BLOCK_SIZE * 2 * num_kv_heads * head_dim
+    page_numel = block_size * 2 * num_kv_heads * head_dim
     storage = torch.randn(num_pages, NUM_LAYERS, page_numel, generator=gen).to(dtype)  # [pages, layers, P]
     layer_view = storage[:, LAYER]  # [num_pages, P]
-    kv_cache = layer_view.view(num_pages, 2, BLOCK_SIZE, num_kv_heads, head_dim)  # [pages, 2, bs, kvh, d]
+    kv_cache = layer_view.view(num_pages, 2, block_size, num_kv_heads, head_dim)  # [pages, 2, bs, kvh, d]
     assert kv_cache.stride(0) == NUM_LAYERS * page_numel
 
     q_lens = [q_len for q_len, _ in seqs]
@@ -87,14 +93,15 @@ def reference(batch: Batch) -> torch.Tensor:
     q = batch.q.double()  # [num_tokens, num_heads, head_dim]
     kv = batch.kv_cache.double()  # [num_pages, 2, block_size, num_kv_heads, head_dim]
     group = q.shape[1] // kv.shape[3]
+    block_size = kv.shape[2]
     out = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
     meta = batch.meta
     for s in range(meta.num_seqs):
         start, end = meta.query_start_loc_list[s], meta.query_start_loc_list[s + 1]
         seq_len = meta.seq_lens_list[s]
-        pages = [int(meta.block_tables[s, p // BLOCK_SIZE]) for p in range(seq_len)]
-        k = torch.stack([kv[pages[p], 0, p % BLOCK_SIZE] for p in range(seq_len)])  # [seq_len, kvh, d]
-        v = torch.stack([kv[pages[p], 1, p % BLOCK_SIZE] for p in range(seq_len)])  # [seq_len, kvh, d]
+        pages = [int(meta.block_tables[s, p // block_size]) for p in range(seq_len)]
+        k = torch.stack([kv[pages[p], 0, p % block_size] for p in range(seq_len)])  # [seq_len, kvh, d]
+        v = torch.stack([kv[pages[p], 1, p % block_size] for p in range(seq_len)])  # [seq_len, kvh, d]
         k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
         v = v.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
         scores = torch.einsum("qhd,khd->hqk", q[start:end], k) * batch.scale  # [heads, q_len, seq_len]
@@ -118,9 +125,7 @@ def seed() -> int:
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize(("num_kv_heads", "group"), HEADS)
 @pytest.mark.parametrize("kind", list(BATCHES))
-def test_triton_and_torch_match_float64_reference(
-    kind: str, num_kv_heads: int, group: int, head_dim: int, seed: int
-):
+def test_triton_and_torch_match_float64_reference(kind: str, num_kv_heads: int, group: int, head_dim: int, seed: int):
     batch = make_batch(BATCHES[kind], num_kv_heads, group, head_dim, torch.float32, seed)
     expected = reference(batch)
 
