@@ -130,10 +130,22 @@ def _paged_attention(t: _Target) -> Pairs:
 def _sgmv_fused(t: _Target) -> Pairs:
     in_dim, out_dims, page_elems = 64, (48, 80), 256
     ranks = (4, 8)  # two adapters, each targeting both modules of the group
-    row_dims = [dim for rank in ranks for module in range(2) for dim in [in_dim] * rank + [out_dims[module]] * rank]
+    # Each row's length and scale: A rows 1/sqrt(in_dim) and Bᵀ rows 1/sqrt(rank), as trained LoRA weights
+    # are, so v and each delta are about N(0, 1) and the error measures rounding, not cancellation.
+    rows = [
+        (dim, scale)
+        for rank in ranks
+        for out_dim in out_dims
+        for dim, scale in [(in_dim, in_dim**-0.5)] * rank + [(out_dim, rank**-0.5)] * rank
+    ]
     # Row i in page i, at an offset that varies (every offset + row fits the page's 256 elements).
-    row_addr = [i * NUM_LAYERS * page_elems + (i % 3) * 48 for i in range(len(row_dims))]
-    storage = t.randn(len(row_dims), NUM_LAYERS, page_elems)  # [pages, layers, P]
+    row_addr = [i * NUM_LAYERS * page_elems + (i % 3) * 48 for i in range(len(rows))]
+    storage = torch.randn(len(rows), NUM_LAYERS, page_elems, generator=t.gen)  # [pages, layers, P], noise around
+    flat = storage.view(-1)  # [pages * layers * P]
+    for addr, (dim, scale) in zip(row_addr, rows, strict=True):
+        start = addr + LAYER * page_elems
+        flat[start : start + dim].mul_(scale)
+    storage = storage.to(t.dtype).float()  # [pages, layers, P], rounded to the dtype
     modules = []
     first = 0
     for rank in ranks:

@@ -148,3 +148,21 @@ def test_op_checks_pass_the_torch_ops_and_catch_a_wrong_one(op: str, monkeypatch
     monkeypatch.setattr(op_checks, op, PERTURBED[op](getattr(op_checks, op)))
     wrong = op_checks.run_op_check(op, cpu, torch.float32, KernelBackend.TORCH)
     assert not wrong.passed and wrong.max_error > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_op_checks_through_the_triton_kernels(dtype: torch.dtype) -> None:
+    """The doctor's `cuda …` checks as they run on a GPU (the Triton kernels for attention and SGMV, torch for
+    the rest), under Triton's interpreter on the CPU. Not bfloat16: the interpreter's tl.dot multiplies its
+    bit patterns (see tests/kernels/test_paged_prefill_attention.py); compiled kernels do not."""
+    for op in OPS:
+        check = op_checks.run_op_check(op, torch.device("cpu"), dtype, KernelBackend.TRITON)
+        assert check.passed, check
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_tolerances_leave_room_for_the_dtypes_rounding(dtype: torch.dtype) -> None:
+    """The torch ops in bf16/fp16 against float32 err by the dtype's rounding: well inside the tolerance."""
+    for op in OPS:
+        check = op_checks.run_op_check(op, torch.device("cpu"), dtype, KernelBackend.TORCH)
+        assert 0 < check.max_error < check.tolerance / 5, check
