@@ -10,7 +10,6 @@ import torch
 from kernels.backend import KernelBackend
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
-from tests.kernels import test_paged_attention
 from tests.kernels.test_paged_attention import (
     BATCHES,
     HEAD_DIMS,
@@ -46,8 +45,9 @@ def run_native(native, batch: Batch, q: torch.Tensor | None = None) -> torch.Ten
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize(("num_kv_heads", "group"), HEADS)
 @pytest.mark.parametrize("kind", list(BATCHES_NATIVE))
-def test_native_matches_float64_reference_and_torch(native, kind: str, num_kv_heads: int, group: int, head_dim: int,
-                                                    seed: int):
+def test_native_matches_float64_reference_and_torch(
+    native, kind: str, num_kv_heads: int, group: int, head_dim: int, seed: int
+):
     batch = make_batch(BATCHES_NATIVE[kind], num_kv_heads, group, head_dim, torch.float32, seed)
     expected = reference(batch)
 
@@ -69,10 +69,9 @@ def test_native_other_head_dims(native, head_dim: int, seed: int):
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 32])
-def test_native_any_block_size(native, block_size: int, seed: int, monkeypatch: pytest.MonkeyPatch):
+def test_native_any_block_size(native, block_size: int, seed: int):
     """Pages smaller than the eight keys scored at once (a block of keys spans pages) and larger ones."""
-    monkeypatch.setattr(test_paged_attention, "BLOCK_SIZE", block_size)  # read by make_batch and reference
-    batch = make_batch(BATCHES["mixed"] + [(40, 75)], 3, 3, 64, torch.float32, seed)
+    batch = make_batch(BATCHES["mixed"] + [(40, 75)], 3, 3, 64, torch.float32, seed, block_size=block_size)
     assert batch.kv_cache.shape[2] == block_size
     assert_close(run_native(native, batch).double(), reference(batch), tol=TOL, seed=seed)
 
@@ -175,4 +174,3 @@ def test_native_rejects_bad_inputs(native, seed: int):
         pages, _, block_size, num_kv_heads, head_dim = batch.kv_cache.shape
         wide = torch.randn(pages, 2, block_size, num_kv_heads, 2 * head_dim)  # [pages, 2, bs, kvh, 2 D]
         call(kv_cache=wide[..., :head_dim])
-
