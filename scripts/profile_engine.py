@@ -54,7 +54,22 @@ KINDS = (
     ),
     (
         "elementwise (norm, rope, act, residual)",
-        ("rms_norm", "rope", "add", "mul", "rsqrt", "pow", "mean", "silu", "neg", "sub", "div", "sigmoid", "where", "masked_fill"),
+        (
+            "rms_norm",
+            "rope",
+            "add",
+            "mul",
+            "rsqrt",
+            "pow",
+            "mean",
+            "silu",
+            "neg",
+            "sub",
+            "div",
+            "sigmoid",
+            "where",
+            "masked_fill",
+        ),
     ),
     ("sampling", ("argmax", "topk", "sort", "cumsum", "searchsorted", "log_softmax")),
     (
