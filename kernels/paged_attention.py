@@ -19,7 +19,13 @@ from kernels.backend import KernelBackend
 from kernels.native_cpu import require_native_ops
 from kernels.paged_attention_torch import paged_attention_torch
 from kernels.paged_prefill_attention import MIN_TILED_ROWS, paged_prefill_attention_triton, plan_prefill_tiles
-from kernels.triton_launch import AOT_ATTENTION_SHAPE, TritonLaunch, make_launch, triton_type
+from kernels.triton_launch import (
+    AOT_ATTENTION_SHAPE,
+    ATTENTION_STRIDE_ARGS,
+    TritonLaunch,
+    make_launch,
+    triton_type,
+)
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
 # independent of block_size. Scores are a broadcast product, not tl.dot (which needs 16 query rows), so
@@ -130,21 +136,7 @@ def row_launch(dtype: torch.dtype, group: int, head_dim: int, block_size: int) -
         **dict.fromkeys(("q_ptr", "kv_ptr", "out_ptr"), f"*{t}"),
         **dict.fromkeys(("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr", "token_to_seq_ptr"), "*i32"),
         "scale_log2": "fp32",
-        **dict.fromkeys(
-            (
-                "stride_q_token",
-                "stride_q_head",
-                "stride_kv_page",
-                "stride_kv_kind",
-                "stride_kv_slot",
-                "stride_kv_head",
-                "stride_out_token",
-                "stride_out_head",
-                "stride_bt_seq",
-                "min_tiled_rows",
-            ),
-            "i32",
-        ),
+        **dict.fromkeys((*ATTENTION_STRIDE_ARGS, "min_tiled_rows"), "i32"),
     }
     constexprs = {
         "group": group,

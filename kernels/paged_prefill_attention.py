@@ -16,7 +16,14 @@ import triton
 import triton.language as tl
 
 from kernels.attention_metadata import PagedAttentionMetadata
-from kernels.triton_launch import AOT_ATTENTION_SHAPE, TritonLaunch, dot_precision, make_launch, triton_type
+from kernels.triton_launch import (
+    AOT_ATTENTION_SHAPE,
+    ATTENTION_STRIDE_ARGS,
+    TritonLaunch,
+    dot_precision,
+    make_launch,
+    triton_type,
+)
 
 # A segment this long fills the 16 rows of a tensor-core product (mma's M) with its own query tokens; a
 # shorter one (a decode row, the tail of a prompt) is the row kernel's.
@@ -142,20 +149,7 @@ def prefill_launch(dtype: torch.dtype, group: int, head_dim: int, block_size: in
         **dict.fromkeys(("q_ptr", "kv_ptr", "out_ptr"), f"*{t}"),
         **dict.fromkeys(("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr", "tiles_ptr"), "*i32"),
         "scale_log2": "fp32",
-        **dict.fromkeys(
-            (
-                "stride_q_token",
-                "stride_q_head",
-                "stride_kv_page",
-                "stride_kv_kind",
-                "stride_kv_slot",
-                "stride_kv_head",
-                "stride_out_token",
-                "stride_out_head",
-                "stride_bt_seq",
-            ),
-            "i32",
-        ),
+        **dict.fromkeys(ATTENTION_STRIDE_ARGS, "i32"),
     }
     constexprs = {
         "group": group,

@@ -34,6 +34,19 @@ class AttentionShape:
 # default model): 9 query heads over 3 kv heads, head_dim 64, pages of 16 tokens.
 AOT_ATTENTION_SHAPE = AttentionShape(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
 
+# The stride parameters both paged attention kernels take (each an ``i32``).
+ATTENTION_STRIDE_ARGS = (
+    "stride_q_token",
+    "stride_q_head",
+    "stride_kv_page",
+    "stride_kv_kind",
+    "stride_kv_slot",
+    "stride_kv_head",
+    "stride_out_token",
+    "stride_out_head",
+    "stride_bt_seq",
+)
+
 
 class LaunchSpecError(ValueError):
     """A launch spec does not fit its kernel (a parameter without a type, or typed twice)."""
