@@ -1,12 +1,11 @@
 """Which implementation the ops run: the engine resolves its ``kernels`` setting to one of these once."""
 
 import enum
-import importlib
-import pkgutil
 
 import torch
-from triton.runtime import KernelInterface
 from triton.runtime.interpreter import InterpretedFunction
+
+from kernels.triton_aot import find_kernels
 
 
 class KernelBackend(enum.Enum):
@@ -39,21 +38,9 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
 
 
 def compiled_triton_functions() -> list[str]:
-    """Qualified names of the Triton functions in this package that are not interpreter functions.
+    """Qualified names of the Triton kernels in this package that are not interpreter functions.
 
-    Walks every module of ``kernels`` (importing it), so a kernel added in a new file is checked too, and
-    every name a module binds, so a kernel imported elsewhere under its name is checked there as well;
-    autotuner and heuristics wrappers are looked through to the function they wrap.
+    The kernels are found by walking the package (the AOT compile's walk), so a kernel added in a new file
+    is checked too.
     """
-    package = importlib.import_module(__package__)
-    compiled: set[str] = set()
-    for info in pkgutil.iter_modules(package.__path__, f"{__package__}."):
-        module = importlib.import_module(info.name)
-        for value in vars(module).values():
-            if not isinstance(value, KernelInterface):
-                continue
-            while isinstance(getattr(value, "fn", None), KernelInterface):
-                value = value.fn
-            if not isinstance(value, InterpretedFunction):
-                compiled.add(f"{value.fn.__module__}.{value.fn.__name__}")
-    return sorted(compiled)
+    return sorted(name for name, kernel in find_kernels().items() if not isinstance(kernel, InterpretedFunction))
