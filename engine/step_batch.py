@@ -13,6 +13,7 @@ from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 from kernels.backend import KernelBackend
+from kernels.paged_prefill_attention import plan_prefill_tiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +49,7 @@ def build_step_batch(
     """
     # Decode rows first, shortest context first, so the torch attention's buckets pad little.
     block_size = pool.block_size
-    items = sorted(
-        scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens)
-    )
+    items = sorted(scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens))
     num_decode = sum(item.num_new_tokens == 1 for item in items)
     input_ids: list[int] = []
     positions: list[int] = []
@@ -105,9 +104,17 @@ def build_step_batch(
         seq_lens_list=tuple(seq_lens),
     )
     if backend is KernelBackend.TORCH:
-        attention = dataclasses.replace(attention, decode_buckets=plan_decode_buckets(
-            attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
-        ))
+        attention = dataclasses.replace(
+            attention,
+            decode_buckets=plan_decode_buckets(
+                attention.seq_lens_list, attention.block_tables, num_decode, block_size, pool.storage.dtype
+            ),
+        )
+    elif backend is KernelBackend.TRITON:
+        # The tiled prefill kernel's tiles, planned once for every layer and moved in the step's one copy.
+        group = model.num_heads // model.num_kv_heads
+        tiles = plan_prefill_tiles(attention.query_start_loc_list, group, torch.device("cpu"))  # [num_tiles, 2]
+        attention = dataclasses.replace(attention, prefill_tiles=tiles)
     runs = [(item.num_new_tokens, item.seq.adapter) for item in items]
     batch = StepBatch(
         input_ids=tensor(input_ids),  # [num_tokens]
@@ -121,4 +128,3 @@ def build_step_batch(
         scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
     )
     return move_to_device(batch, device)  # every tensor above in one copy (engine/host_to_device.py)
-

@@ -30,6 +30,7 @@ class PagedAttentionMetadata:
     query_start_loc_list: tuple[int, ...]  # the same as query_start_loc, on the host
     seq_lens_list: tuple[int, ...]  # the same as seq_lens, on the host
     decode_buckets: tuple["DecodeBucket", ...] = ()  # the CPU implementation's plan; empty: plan per call
+    prefill_tiles: torch.Tensor | None = None  # [num_tiles, 2] int32, the Triton tiled kernel's plan; None: per call
 
     @property
     def num_seqs(self) -> int:

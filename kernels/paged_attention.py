@@ -162,7 +162,8 @@ def paged_attention_triton(
 
     Segments of MIN_TILED_ROWS query rows or more (prefill chunks) take the tiled kernel, the others
     (decode rows, short chunks) the row kernel. The split reads only the host's ``query_start_loc_list``:
-    the tiled kernel gets a tile list built on the host and copied once, the row kernel runs over every
+    the tiled kernel gets a tile list built on the host (``meta.prefill_tiles``, once per step, else here),
+    the row kernel runs over every
     row and its programs for rows of long segments exit at once, so nothing is read back from the device.
     """
     _check_inputs(q, kv_cache, meta)
@@ -175,7 +176,9 @@ def paged_attention_triton(
         return out
     segment_lens = [end - start for start, end in itertools.pairwise(meta.query_start_loc_list)]
     if max(segment_lens) >= MIN_TILED_ROWS:
-        tiles = plan_prefill_tiles(meta.query_start_loc_list, group, q.device)  # [num_tiles, 2]
+        tiles = meta.prefill_tiles  # planned once per step by the engine; tests and other callers plan here
+        if tiles is None:
+            tiles = plan_prefill_tiles(meta.query_start_loc_list, group, q.device)  # [num_tiles, 2]
         paged_prefill_attention_triton(q, kv_cache, meta, scale, out, tiles)
     if min(segment_lens) >= MIN_TILED_ROWS:
         return out

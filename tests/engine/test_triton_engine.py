@@ -44,6 +44,8 @@ LAUNCHERS = {
     "attention": (kernels.paged_attention, "paged_attention_triton"),
     "sgmv_shrink": (kernels.sgmv_fused, "sgmv_shrink_triton"),
     "sgmv_expand": (kernels.sgmv_fused, "sgmv_expand_triton"),
+    # The launcher plans prefill tiles itself only when the step did not: in the engine, never.
+    "tiles_planned_per_layer": (kernels.paged_attention, "plan_prefill_tiles"),
 }
 
 
@@ -109,6 +111,8 @@ def _run(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[int
     forward = engine.model.forward
 
     def spy(batch, pool):
+        if batch.attention.prefill_tiles is not None and len(batch.attention.prefill_tiles):
+            launches["steps_with_tiles"] += 1
         qkv = batch.lora.groups["qkv"].meta if batch.lora is not None else None
         step_ranks.append({max(ranks) for ranks in qkv.ranks_list} if qkv is not None else {0})
         return forward(batch, pool)
@@ -141,6 +145,8 @@ def test_triton_engine_matches_torch_tokens(
     num_layers = triton_engine.model_config.num_layers
     assert triton_launches["attention"] == len(triton_ranks) * num_layers, "a layer's attention skipped Triton"
     assert triton_launches["sgmv_shrink"] == triton_launches["sgmv_expand"] > 0
+    assert triton_launches["steps_with_tiles"] > 0, "no step planned tiles for a prefill chunk of 16 rows or more"
+    assert triton_launches["tiles_planned_per_layer"] == 0, "the attention planned tiles per layer, not per step"
     assert triton_ranks == torch_ranks, "the two runs were scheduled differently"
     assert any({0, 4, 8} <= ranks for ranks in triton_ranks), "no step mixed base rows with both adapters"
     for engine, cached in ((torch_engine, torch_cached), (triton_engine, triton_cached)):
