@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, from its pinned release, so no other package pulls a different (CUDA) build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -27,7 +27,7 @@ from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
 from app.openai.service import OpenAIService
 from app.process_engine_client import ProcessEngineClient
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
 
@@ -57,16 +57,29 @@ class Gateway:
     demo: DemoAccess | None = None
 
 
-def local_engine(settings: Settings) -> EngineClient:
-    """The engine on this machine, on the configured model (pulled on first use when it is the default).
+def make_engine(settings: Settings) -> EngineClient:
+    """The engine client the settings ask for, on the configured model (pulled on first use when it is the default).
 
-    In a worker process of its own (``LORAPLEX_ENGINE=process``, the default), or on a thread of this one.
+    In a worker process of its own (``LORAPLEX_ENGINE=local``, the default), on a thread of this one, or
+    as replicas on Ray Serve (``LORAPLEX_ENGINE=ray``; Ray is imported only then).
     """
     folder = resolve_model(settings.model, settings.home)
     config = EngineConfig(model=str(folder), pool_bytes=settings.pool_bytes, max_num_seqs=settings.max_num_seqs)
     name = settings.served_model_name or folder.name
     if settings.engine == "thread":
         return LocalEngineClient(config, name)
+    if settings.engine == "ray":
+        try:
+            from app.cluster.deployment import RaySettings
+            from app.cluster.ray_client import RayEngineClient
+        except ModuleNotFoundError as error:
+            raise SettingsError(
+                f"LORAPLEX_ENGINE=ray needs Ray Serve ({error}); install it with pip install 'loraplex[ray]'"
+            ) from None
+        ray_settings = RaySettings(
+            settings.ray_address, settings.ray_replicas, settings.ray_replica_cpus, settings.ray_replica_gpus
+        )
+        return RayEngineClient(config, name, settings.home, ray_settings)
     return ProcessEngineClient(config, name)
 
 
@@ -98,7 +111,7 @@ async def run_gateway(
         authenticator.start()
         stack.push_async_callback(authenticator.stop)
         if engine is None:
-            engine = local_engine(settings)
+            engine = make_engine(settings)
             await engine.start()
             stack.push_async_callback(engine.stop)
         metrics = GatewayMetrics()

@@ -17,8 +17,9 @@ _FALSE_WORDS = ("0", "false", "no", "off")
 # A full context of a long-context model (128k tokens, about 512 KiB of text) with room for JSON escapes;
 # the default model's context fits in a few hundred KiB. Bodies are parsed before the key is checked.
 DEFAULT_MAX_REQUEST_KB = 4096
-# Where the engine runs: a worker process of its own fed over a socket, or a thread of the gateway's process.
-ENGINE_KINDS = ("process", "thread")
+# Where the engine runs: on this machine ("local": a worker process of its own fed over a socket, also
+# spelled "process"; "thread": a thread of the gateway's process), or as replicas on Ray Serve ("ray").
+ENGINE_KINDS = ("local", "process", "thread", "ray")
 
 
 class SettingsError(ValueError):
@@ -47,8 +48,21 @@ class Settings:
     served_model_name: str | None = None
     """Name of the base model in the API (LORAPLEX_SERVED_MODEL_NAME); None: the model folder's name."""
 
-    engine: str = "process"
-    """Where the engine runs (LORAPLEX_ENGINE): "process" (a worker process of its own) or "thread" (this one)."""
+    engine: str = "local"
+    """Where the engine runs (LORAPLEX_ENGINE): "local" or "process" (a worker process of its own), "thread"
+    (this process), or "ray" (engine replicas on Ray Serve)."""
+
+    ray_address: str | None = None
+    """The Ray cluster of ``engine="ray"`` (LORAPLEX_RAY_ADDRESS); None starts a single-node Ray here."""
+
+    ray_replicas: int = 1
+    """Engine replicas on Ray (LORAPLEX_RAY_REPLICAS): one per GPU, or per group of CPU cores."""
+
+    ray_replica_cpus: float = 1.0
+    """CPUs Ray reserves for each engine replica (LORAPLEX_RAY_REPLICA_CPUS; 0 reserves none)."""
+
+    ray_replica_gpus: float = 0.0
+    """GPUs Ray gives each engine replica (LORAPLEX_RAY_REPLICA_GPUS)."""
 
     pool_bytes: int | None = None
     """Bytes of the engine's page pool (LORAPLEX_POOL_MB, in MiB); None: the engine's default."""
@@ -94,6 +108,10 @@ class Settings:
             key_secret=env.get("LORAPLEX_KEY_SECRET") or None,
             served_model_name=env.get("LORAPLEX_SERVED_MODEL_NAME") or None,
             engine=_choice(env, "LORAPLEX_ENGINE", ENGINE_KINDS),
+            ray_address=env.get("LORAPLEX_RAY_ADDRESS") or None,
+            ray_replicas=_int(env, "LORAPLEX_RAY_REPLICAS") or 1,
+            ray_replica_cpus=_amount(env, "LORAPLEX_RAY_REPLICA_CPUS", 1.0),
+            ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
@@ -133,3 +151,17 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     if number < 1:
         raise SettingsError(f"{name} must be at least 1, got {number}")
     return number
+
+
+def _amount(env: Mapping[str, str], name: str, default: float) -> float:
+    """A resource amount: a number of at least 0, fractions allowed (Ray shares a device between replicas)."""
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        amount = float(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {value!r}") from None
+    if not amount >= 0 or amount == float("inf"):
+        raise SettingsError(f"{name} must be a number of at least 0, got {value!r}")
+    return amount

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from engine.adapter_layout import AdapterLayout, pack_pages, plan_layout
+from engine.adapter_layout import AdapterLayout, pack_pages, pages_for_rank, plan_layout
 from engine.adapter_upload import AdapterUpload, Event, make_upload
 from engine.config import ModelConfig
 from engine.errors import AdapterBusyError, AdapterMismatchError, UnknownAdapterError
@@ -29,6 +29,11 @@ from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.page_pool import OwnerKind, PagePool
 
 logger = logging.getLogger(__name__)
+
+# How adapter capacity is counted (it sizes Ray Serve's multiplexing cache and vLLM's ``max_lora`` gauge):
+# adapters of this rank on every projection, in this share of the pool (the rest keeps a batch's KV).
+REFERENCE_RANK = 16
+ADAPTER_POOL_SHARE = 0.5
 
 
 @dataclass(slots=True, eq=False)
@@ -175,6 +180,18 @@ class AdapterCache:
             freed += len(entry.page_ids)
             self._evict(entry)
         return freed
+
+    def capacity(self, rank: int = REFERENCE_RANK) -> int:
+        """How many rank-``rank`` all-projection adapters can be registered and resident at once (at least 1).
+
+        The smaller of what ``ADAPTER_POOL_SHARE`` of the pool's pages and the host cache hold; a count of
+        adapters for callers that think in adapters, while residency itself stays page-based.
+        """
+        _, num_layers, page_elems = self.pool.storage.shape
+        pages = pages_for_rank(self.model, rank, page_elems)
+        host_bytes = pages * num_layers * page_elems * self.pool.storage.element_size()
+        by_pool = int(self.pool.num_pages * ADAPTER_POOL_SHARE) // pages
+        return max(1, min(by_pool, self.max_host_bytes // host_bytes))
 
     @property
     def num_resident(self) -> int:

@@ -16,7 +16,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.lora_adapter import LoraAdapter
-from engine.lora_config import projection_shapes
+from engine.lora_config import PROJECTIONS, projection_shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,19 @@ def plan_layout(adapter: LoraAdapter, model: ModelConfig, page_elems: int) -> Ad
                 row_offsets.append(offset)
                 offset += dim
     return AdapterLayout(tuple(groups), tuple(row_pages), tuple(row_offsets), page + 1 if row_pages else 0)
+
+
+def pages_for_rank(model: ModelConfig, rank: int, page_elems: int) -> int:
+    """Pages an adapter of ``rank`` on every projection takes (rows packed as :func:`plan_layout` packs them)."""
+    shapes = projection_shapes(model)
+    page, offset = 0, 0
+    for module in PROJECTIONS:
+        for dim in shapes[module]:
+            for _ in range(rank):
+                if offset + dim > page_elems:
+                    page, offset = page + 1, 0
+                offset += dim
+    return page + 1
 
 
 def group_rows(adapter: LoraAdapter, group: RowGroup, num_layers: int) -> torch.Tensor:

@@ -22,13 +22,13 @@ from app.gateway import Gateway
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
 from app.process_engine_client import ProcessEngineClient
-from app.settings import ENGINE_KINDS, Settings
+from app.settings import Settings
 from engine import EngineConfig
 
 TEST_POOL_BYTES = 256 * 1024**2  # room for a few dozen short requests and a handful of adapters
 
 # A test (or a module's pytestmark) with this mark runs once per engine client: on a thread, in a process.
-on_both_engines = pytest.mark.parametrize("default_engine", ENGINE_KINDS, indirect=True)
+on_both_engines = pytest.mark.parametrize("default_engine", ("thread", "process"), indirect=True)
 
 
 def default_engine_config(home: Path) -> EngineConfig:

@@ -1,0 +1,84 @@
+"""The engine tier on Ray Serve: connect to (or start) Ray, and deploy the engine replicas once.
+
+The gateway is a Ray driver on a node of the cluster (not a Serve ingress): it keeps its own HTTP server,
+database pools and shutdown, reaches the engine replicas through a deployment handle, and several gateways
+(step 12) share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway
+starts a single-node Ray of its own and shuts it down when it stops; given an address, it joins that
+cluster, deploys the engine app if it is not running there (or updates it), and leaves it running.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.actor import ActorHandle
+from ray.serve.handle import DeploymentHandle
+
+from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE, EngineDirectory
+from app.cluster.replica import EngineReplica
+from engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+ENGINE_APP = "loraplex-engine"
+REPLICA_CACHE_FOLDER = "worker-adapters"  # under the data folder on each replica's node
+HEALTH_CHECK_PERIOD_S = 2.0  # how soon Serve notices a replica whose engine died
+
+
+@dataclass(frozen=True, slots=True)
+class RaySettings:
+    """Where the engine replicas run and what each one takes."""
+
+    address: str | None = None
+    """A Ray cluster to join ("auto", "ray://host:10001", ...); None starts a single-node Ray in this process."""
+    num_replicas: int = 1
+    replica_cpus: float = 1.0
+    """CPUs Ray reserves for each replica (its torch threads follow, when at least 1)."""
+    replica_gpus: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDeployment:
+    handle: DeploymentHandle
+    directory: ActorHandle
+    owns_ray: bool
+    """This process started Ray, so it shuts Ray down when it stops."""
+
+
+def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> EngineDeployment:
+    """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve."""
+    owns_ray = False
+    if not ray.is_initialized():
+        if settings.address is None:
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            owns_ray = True
+        else:
+            ray.init(address=settings.address, logging_level=logging.WARNING)
+    directory = EngineDirectory.options(
+        name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
+    ).remote()
+    serve.start(proxy_location="Disabled")
+    if settings.replica_cpus >= 1 and config.num_threads is None:
+        config = replace(config, num_threads=int(settings.replica_cpus))
+    replica = serve.deployment(EngineReplica).options(
+        name="EngineReplica",
+        num_replicas=settings.num_replicas,
+        max_ongoing_requests=config.max_num_seqs,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": settings.replica_gpus},
+    )
+    app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER))
+    handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
+    logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
+    return EngineDeployment(handle, directory, owns_ray)
+
+
+def shut_down(deployment: EngineDeployment) -> None:
+    """Stop what this process started: all of Ray when it started it; nothing on a shared cluster."""
+    if deployment.owns_ray:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,131 @@
+"""The engine workers' directory: one Ray actor that reaches every replica, which Serve's handles cannot.
+
+A Serve handle sends each call to ONE replica, but removing an adapter, pinning one, ending every request
+and reading each worker's gauges must reach them ALL. Each replica joins the directory when it starts and
+long-polls it for commands (``engine/worker_protocol.py`` messages, as bytes); :meth:`EngineDirectory.broadcast`
+queues a command for every live replica and returns each one's :class:`Reply`. A replica that has not
+polled for ``LIVENESS_S`` is dropped (it died; Serve starts another, which joins afresh). Pins are kept
+here as well, so a replica that joins later (a restart, a scale-up) pins the same adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+DIRECTORY_NAME = "loraplex-engine-directory"
+DIRECTORY_NAMESPACE = "loraplex"
+POLL_S = 1.0  # a replica's long poll returns after this with no commands, proving it is alive
+LIVENESS_S = 5.0  # a replica silent for this long is taken for dead
+BROADCAST_TIMEOUT_S = 60.0  # most a broadcast waits for a live replica's reply
+
+
+@dataclass(slots=True)
+class _Member:
+    pid: int
+    seen: float
+    inbox: list[tuple[int, bytes]] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class EngineDirectory:
+    """Who the engine replicas are, what each must do next, and the adapters every one of them pins."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, _Member] = {}
+        self._seq = 0
+        self._replies: dict[int, dict[str, bytes]] = {}
+        self._replied = asyncio.Condition()
+        self._pins: dict[str, bytes] = {}  # digest -> the PinAdapter command a joining replica replays
+
+    async def join(self, replica_id: str, pid: int) -> list[bytes]:
+        """Register a replica; the pin commands it must apply before it serves."""
+        self._members[replica_id] = _Member(pid, time.monotonic())
+        logger.info("engine replica %s (pid %d) joined", replica_id, pid)
+        return list(self._pins.values())
+
+    async def leave(self, replica_id: str) -> None:
+        self._members.pop(replica_id, None)
+        async with self._replied:
+            self._replied.notify_all()
+
+    async def members(self) -> dict[str, int]:
+        """The live replicas' ids and process ids."""
+        self._drop_silent()
+        return {replica_id: member.pid for replica_id, member in self._members.items()}
+
+    async def next_commands(self, replica_id: str) -> list[tuple[int, bytes]] | None:
+        """The commands queued for a replica, waiting up to ``POLL_S`` for one; None if it must join again."""
+        member = self._members.get(replica_id)
+        if member is None:
+            return None
+        member.seen = time.monotonic()
+        if not member.inbox:
+            member.wake.clear()
+            try:
+                await asyncio.wait_for(member.wake.wait(), POLL_S)
+            except TimeoutError:
+                pass
+        member.seen = time.monotonic()
+        commands, member.inbox = member.inbox, []
+        return commands
+
+    async def reply(self, replica_id: str, seq: int, reply: bytes) -> None:
+        replies = self._replies.get(seq)
+        if replies is not None:
+            replies[replica_id] = reply
+            async with self._replied:
+                self._replied.notify_all()
+
+    async def broadcast(self, command: bytes, pin: tuple[str, bool] | None = None) -> dict[str, bytes]:
+        """Send ``command`` to every live replica; each one's reply by replica id (a dead one's is missing).
+
+        ``pin`` (digest, pinned) records a pin change for replicas that join later.
+        """
+        if pin is not None:
+            digest, pinned = pin
+            if pinned:
+                self._pins[digest] = command
+            else:
+                self._pins.pop(digest, None)
+        self._drop_silent()
+        self._seq += 1
+        seq = self._seq
+        replies: dict[str, bytes] = {}
+        self._replies[seq] = replies
+        targets = set(self._members)  # a replica that joins meanwhile gets the state at join, not this command
+        for member in self._members.values():
+            member.inbox.append((seq, command))
+            member.wake.set()
+        deadline = time.monotonic() + BROADCAST_TIMEOUT_S
+        try:
+            async with self._replied:
+                while not self._answered(replies, targets) and time.monotonic() < deadline:
+                    try:
+                        await asyncio.wait_for(self._replied.wait(), POLL_S)
+                    except TimeoutError:
+                        self._drop_silent()
+        finally:
+            del self._replies[seq]
+        return replies
+
+    async def forget_pin(self, digest: str) -> None:
+        """The adapter is gone: replicas that join later must not pin it."""
+        self._pins.pop(digest, None)
+
+    def _answered(self, replies: dict[str, bytes], targets: set[str]) -> bool:
+        return all(replica_id in replies for replica_id in targets if replica_id in self._members)
+
+    def _drop_silent(self) -> None:
+        now = time.monotonic()
+        for replica_id, member in list(self._members.items()):
+            if now - member.seen > LIVENESS_S:
+                del self._members[replica_id]
+                logger.warning("engine replica %s was silent for %.0f s; taken for dead", replica_id, LIVENESS_S)

@@ -1,0 +1,256 @@
+"""One engine worker as a Ray Serve replica: an :class:`EngineWorker` on its own pool, adapters multiplexed by digest.
+
+Requests arrive through Serve's deployment handle as one encoded :class:`Submit` each and stream back as
+encoded :class:`StepOutputs` (every delta of the request that is ready when the reader wakes, so a slow
+reader gets fewer, larger chunks). A request names its adapter by content digest, which is also Serve's
+multiplexed model id: the multiplexed loader fetches the files from the store (``adapter_fetch.py``),
+registers them in the engine under the digest, and Serve's router then sends that adapter's requests here.
+
+Capacity. Serve counts models per replica; our pool counts pages. Serve's count is set from the pool when
+the replica starts (``AdapterCache.capacity()``: rank-16 all-projection adapters in half the pool, bounded
+by the host cache), so Serve's LRU unloads before the pool would thrash; within that count the pool's own
+page LRU decides what is resident (an adapter Serve lists but whose pages were reclaimed loads again from
+its host copy, with no file read). An adapter Serve unloads is removed from the engine, unless it is
+pinned or requests still run on it (then it is removed when the last one ends).
+
+Commands that must reach every replica (remove, pin, abort all, stats) come through the directory actor
+(``directory.py``), which the replica long-polls on its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import ray
+from ray import serve
+
+from app.cluster.adapter_fetch import AdapterFetcher
+from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.errors import EngineDeadError, EngineError
+from engine.output_delta import OutputDelta
+from engine.worker import EngineWorker
+from engine.worker_protocol import (
+    AbortAll,
+    Command,
+    GetStats,
+    PinAdapter,
+    Rejected,
+    RemoveAdapter,
+    Reply,
+    StepOutputs,
+    Submit,
+    decode_command,
+    to_wire,
+)
+
+logger = logging.getLogger(__name__)
+
+_encoder = msgspec.msgpack.Encoder()
+_submits = msgspec.msgpack.Decoder(Submit)
+
+
+class _LoadedAdapter:
+    """What Serve's multiplexing cache holds for one digest; Serve calls ``__del__`` when it unloads it."""
+
+    def __init__(self, replica: EngineReplica, digest: str) -> None:
+        self._replica = replica
+        self._digest = digest
+        self._unloaded = False
+
+    def __del__(self) -> None:  # Serve runs it on an executor thread; garbage collection may run it again
+        if self._unloaded:
+            return
+        self._unloaded = True
+        self._replica.unload_threadsafe(self._digest)
+
+
+class EngineReplica:
+    """A Serve deployment class: the engine worker of one GPU (or group of CPU cores)."""
+
+    async def __init__(self, config: EngineConfig, store_root: str, cache_root: str) -> None:
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self._loop = asyncio.get_running_loop()
+        self._fetcher = AdapterFetcher(Path(store_root), Path(cache_root))
+        self._streams: dict[str, asyncio.Queue[OutputDelta | Rejected]] = {}
+        self._registered: set[str] = set()  # digests registered in the engine
+        self._pinned: set[str] = set()
+        self._retiring: set[str] = set()  # unloaded by Serve while requests ran on them
+        self._death: BaseException | None = None
+        engine = await asyncio.to_thread(Engine, config)
+        self.capacity = engine.adapters.capacity()
+
+        async def load(digest: str) -> _LoadedAdapter:
+            await self._register(digest)
+            return _LoadedAdapter(self, digest)
+
+        self._load_adapter = serve.multiplexed(max_num_models_per_replica=self.capacity)(load)
+        self._worker = EngineWorker(engine, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
+        self._worker.start()
+        self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
+        for body in await self._directory.join.remote(self.replica_id, os.getpid()):
+            await self._run(decode_command(body))  # the pins every replica holds
+        self._poll_task = self._loop.create_task(self._poll())
+        logger.info("engine replica %s ready: room for %d adapters", self.replica_id, self.capacity)
+
+    async def check_health(self) -> None:
+        """Serve's health check: a replica whose step loop died is restarted."""
+        if self._death is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self._death}")
+        if self._poll_task.done():
+            raise EngineDeadError("the replica stopped polling the engine directory")
+
+    async def generate(self, body: bytes) -> AsyncIterator[bytes]:
+        """Run one request; its outputs as encoded StepOutputs, until it finishes or is refused."""
+        request = _submits.decode(body)
+        if request.adapter is not None:
+            try:
+                await self._load_adapter(request.adapter)
+                if request.adapter not in self._registered:  # removed by a broadcast since Serve loaded it
+                    await self._register(request.adapter)
+            except EngineError as error:
+                yield _encoder.encode(StepOutputs([], [Rejected(request.request_id, to_wire(error))]))
+                return
+            self._retiring.discard(request.adapter)
+        queue: asyncio.Queue[OutputDelta | Rejected] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        self._worker.submit(request)
+        finished = False
+        try:
+            while not finished:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                deltas = [item for item in items if isinstance(item, OutputDelta)]
+                rejected = [item for item in items if isinstance(item, Rejected)]
+                finished = bool(rejected) or any(delta.request_finished for delta in deltas)
+                yield _encoder.encode(StepOutputs(deltas, rejected))
+        finally:  # cancelled by the caller (a client gone) or ended: an unfinished request is freed now
+            self._streams.pop(request.request_id, None)
+            if not finished:
+                self._worker.abort(request.request_id)
+            if request.adapter in self._retiring:
+                self._loop.create_task(self._unload(request.adapter))
+
+    async def check_constraint(self, body: bytes) -> bytes:
+        """Compile a structured-output constraint (an encoded CheckConstraint); an encoded Reply."""
+        return await self._reply(decode_command(body))
+
+    # Adapters ---------------------------------------------------------------------------------------
+
+    async def _register(self, digest: str) -> None:
+        """Fetch the adapter by digest and register it in the engine under its digest (once)."""
+        if digest in self._registered:
+            return
+        if not await asyncio.wrap_future(self._worker.call(lambda engine: engine.has_adapter(digest))):
+            path = await asyncio.to_thread(self._fetcher.fetch, digest)
+            await asyncio.wrap_future(self._worker.add_adapter(digest, path))
+        self._registered.add(digest)
+
+    def unload_threadsafe(self, digest: str) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: the replica is going away
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._unload(digest)))
+
+    async def _unload(self, digest: str) -> None:
+        """Serve unloaded the adapter: remove it from the engine unless pinned or still in use."""
+        if digest in self._pinned:
+            return
+
+        def remove_if_idle(engine: Engine) -> bool:
+            if not engine.has_adapter(digest):
+                return True
+            if engine.adapters.get(digest).num_requests:
+                return False
+            engine.remove_adapter(digest)
+            return True
+
+        self._registered.discard(digest)
+        if await asyncio.wrap_future(self._worker.call(remove_if_idle)):
+            self._retiring.discard(digest)
+        else:
+            self._retiring.add(digest)
+
+    # Commands from the directory --------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                commands = await self._directory.next_commands.remote(self.replica_id)
+            except ray.exceptions.RayActorError:  # the directory restarted: join it again
+                commands = None
+            if commands is None:
+                await asyncio.sleep(0.1)
+                await self._directory.join.remote(self.replica_id, os.getpid())
+                continue
+            for seq, body in commands:
+                self._loop.create_task(self._answer(seq, body))
+
+    async def _answer(self, seq: int, body: bytes) -> None:
+        reply = await self._reply(decode_command(body))
+        await self._directory.reply.remote(self.replica_id, seq, reply)
+
+    async def _reply(self, command: Command) -> bytes:
+        call_id = getattr(command, "call_id", 0)
+        try:
+            result = await self._run(command)
+        except Exception as error:  # the caller gets it as the engine's error class
+            return _encoder.encode(Reply(call_id, None, to_wire(error)))
+        return _encoder.encode(Reply(call_id, result, None))
+
+    async def _run(self, command: Command) -> Any:
+        match command:
+            case RemoveAdapter(name=digest):
+                self._pinned.discard(digest)
+                self._registered.discard(digest)
+                self._retiring.discard(digest)
+                if await asyncio.wrap_future(self._worker.call(lambda engine: engine.has_adapter(digest))):
+                    await asyncio.wrap_future(self._worker.call(lambda engine: engine.remove_adapter(digest)))
+                return None
+            case PinAdapter(name=digest, pinned=pinned):
+                if pinned:
+                    self._pinned.add(digest)
+                    await self._load_adapter(digest)
+                    await self._register(digest)
+                else:
+                    self._pinned.discard(digest)
+                    if digest not in self._registered:
+                        return None
+                return await asyncio.wrap_future(self._worker.call(lambda engine: engine.pin_adapter(digest, pinned)))
+            case AbortAll():
+                self._worker.abort_all()
+                return None
+            case GetStats():
+                stats = await asyncio.wrap_future(self._worker.stats())
+                return msgspec.to_builtins(stats)
+        future = self._worker.handle(command)
+        return None if future is None else await asyncio.wrap_future(future)
+
+    # The step thread's side -------------------------------------------------------------------------
+
+    def _emit_threadsafe(self, step: StepOutputs) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._route, step)
+
+    def _route(self, step: StepOutputs) -> None:
+        for item in (*step.outputs, *step.rejected):
+            queue = self._streams.get(item.request_id)
+            if queue is not None:
+                queue.put_nowait(item)
+
+    def _on_death_threadsafe(self, error: BaseException) -> None:
+        self._death = error
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._fail_all, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        dead = to_wire(EngineDeadError(f"the engine worker {self.replica_id} stopped after an error: {error}"))
+        for request_id, queue in self._streams.items():
+            queue.put_nowait(Rejected(request_id, dead))
