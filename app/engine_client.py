@@ -22,6 +22,7 @@ from engine.async_engine import AsyncEngine
 logger = logging.getLogger(__name__)
 
 DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
+LOCAL_WORKER = "local"  # the worker id of an engine on this machine (a thread or a process of its own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,10 @@ class EngineClient(Protocol):
     def has_adapter(self, name: str) -> bool: ...
 
     async def stats(self) -> EngineStats: ...
+
+    async def worker_stats(self) -> dict[str, EngineStats]:
+        """Each engine worker's stats by worker id (``LOCAL_WORKER`` for an engine on this machine)."""
+        ...
 
 
 class LocalEngineClient(TokenizingClient):
@@ -194,3 +199,6 @@ class LocalEngineClient(TokenizingClient):
 
     async def stats(self) -> EngineStats:
         return await self.engine.call(lambda engine: engine.stats())
+
+    async def worker_stats(self) -> dict[str, EngineStats]:
+        return {LOCAL_WORKER: await self.stats()}

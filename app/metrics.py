@@ -1,7 +1,9 @@
 """Prometheus metrics of the gateway and the engine, labelled by tenant and adapter.
 
 Each app owns its registry (nothing global), so tests and several apps in one process never clash.
-Engine gauges are read from the engine at scrape time.
+Engine gauges are read from the engine at scrape time, one series per engine worker (label ``worker``).
+Next to our own, each worker exports the gauges a Kubernetes router reads for LoRA-affine routing (the
+Gateway API Inference Extension's endpoint picker, llm-d), named and labelled as vLLM exports them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from app.latency_histogram import LatencyHistogram
 from engine import EngineStats
 
 BASE_ADAPTER_LABEL = "base"  # the adapter label of requests on the base model
+WORKER = "worker"  # the label of engine gauges: the engine worker's id
+KV_OWNER = "kv"  # pages_by_owner's key of pages holding running sequences' KV (OwnerKind.KV)
+# vLLM's label names of vllm:lora_requests_info, which routers parse.
+MAX_LORA = "max_lora"
+WAITING_LORA_ADAPTERS = "waiting_lora_adapters"
+RUNNING_LORA_ADAPTERS = "running_lora_adapters"
+ADAPTER_SEPARATOR = ","  # between the adapter names of one lora_requests_info label, as vLLM joins them
 # Seconds; TTFT on this CPU ranges from tens of milliseconds to tens of seconds under load.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
@@ -61,22 +70,92 @@ class GatewayMetrics:
             "Usage records waiting to be written to PostgreSQL; grows while the database is away.",
             registry=self.registry,
         )
-        self.queue_depth = Gauge("loraplex_queue_depth", "Sequences waiting for admission.", registry=self.registry)
-        self.running = Gauge("loraplex_running_sequences", "Sequences in the running batch.", registry=self.registry)
+        self.workers = WorkerGauges(self.registry)
+
+    def render(self, stats_by_worker: dict[str, EngineStats] | None, usage_pending: int) -> bytes:
+        """The exposition text, with the engine gauges set from each worker's stats (None: engine not started)."""
+        self.usage_pending.set(usage_pending)
+        self.workers.clear()
+        for worker, stats in (stats_by_worker or {}).items():
+            self.workers.set(worker, stats)
+        return generate_latest(self.registry)
+
+
+class WorkerGauges:
+    """The engine gauges, one series per engine worker, set from its stats at each scrape.
+
+    They are cleared before each scrape sets them again, so a worker that went away leaves no series
+    behind, and ``vllm:lora_requests_info`` holds one series per worker: its current label set.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        worker = (WORKER,)
+        self.queue_depth = Gauge("loraplex_queue_depth", "Sequences waiting for admission.", worker, registry=registry)
+        self.running = Gauge("loraplex_running_sequences", "Sequences in the running batch.", worker, registry=registry)
         self.pool_pages = Gauge(
-            "loraplex_pool_pages", "Pages of the unified pool by owner kind.", ("owner",), registry=self.registry
+            "loraplex_pool_pages", "Pages of the unified pool by owner kind.", (WORKER, "owner"), registry=registry
         )
         self.resident_adapters = Gauge(
-            "loraplex_resident_adapters", "Adapters whose weights are in the pool.", registry=self.registry
+            "loraplex_resident_adapters", "Adapters whose weights are in the pool.", worker, registry=registry
+        )
+        self.vllm_waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", worker, registry=registry
+        )
+        self.vllm_running = Gauge(
+            "vllm:num_requests_running", "Number of requests currently running.", worker, registry=registry
+        )
+        self.vllm_kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage: the fraction of the pool's pages holding running sequences' KV (0 to 1).",
+            worker,
+            registry=registry,
+        )
+        self.vllm_lora_info = Gauge(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests: the unix time (seconds) of the last update, the adapters in labels.",
+            (WORKER, MAX_LORA, WAITING_LORA_ADAPTERS, RUNNING_LORA_ADAPTERS),
+            registry=registry,
+        )
+        self._gauges = (
+            self.queue_depth,
+            self.running,
+            self.pool_pages,
+            self.resident_adapters,
+            self.vllm_waiting,
+            self.vllm_running,
+            self.vllm_kv_usage,
+            self.vllm_lora_info,
         )
 
-    def render(self, stats: EngineStats | None, usage_pending: int) -> bytes:
-        """The exposition text, with the engine gauges set from ``stats`` (None: engine not started)."""
-        self.usage_pending.set(usage_pending)
-        if stats is not None:
-            self.queue_depth.set(stats.num_waiting)
-            self.running.set(stats.num_running)
-            self.resident_adapters.set(stats.num_resident_adapters)
-            for owner, num_pages in stats.pages_by_owner.items():
-                self.pool_pages.labels(owner=owner).set(num_pages)
-        return generate_latest(self.registry)
+    def clear(self) -> None:
+        """Forget every worker's series."""
+        for gauge in self._gauges:
+            gauge.clear()
+
+    def set(self, worker: str, stats: EngineStats) -> None:
+        """Set ``worker``'s series from its stats."""
+        self.queue_depth.labels(worker).set(stats.num_waiting)
+        self.running.labels(worker).set(stats.num_running)
+        self.resident_adapters.labels(worker).set(stats.num_resident_adapters)
+        for owner, num_pages in stats.pages_by_owner.items():
+            self.pool_pages.labels(worker, owner).set(num_pages)
+        self.vllm_waiting.labels(worker).set(stats.num_waiting)
+        self.vllm_running.labels(worker).set(stats.num_running)
+        self.vllm_kv_usage.labels(worker).set(kv_usage(stats))
+        self.vllm_lora_info.labels(
+            worker,
+            str(stats.max_adapters),
+            ADAPTER_SEPARATOR.join(stats.waiting_adapters),
+            ADAPTER_SEPARATOR.join(stats.running_adapters),
+        ).set_to_current_time()
+
+
+def kv_usage(stats: EngineStats) -> float:
+    """The fraction (0 to 1) of the pool's pages that hold running sequences' KV, as vLLM's kv_cache_usage_perc.
+
+    Pages of adapters and of the prefix cache (reclaimable) are not counted as used, as vLLM counts its
+    cached free blocks as free.
+    """
+    if stats.num_pages == 0:
+        return 0.0
+    return stats.pages_by_owner.get(KV_OWNER, 0) / stats.num_pages

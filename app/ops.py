@@ -66,14 +66,16 @@ async def ready(request: Request) -> Response:
     "/metrics",
     summary="Prometheus metrics",
     description="Requests, tokens, TTFT and inter-token latency by tenant and adapter; queue depth, pool pages by "
-    "owner kind and resident adapters from the engine.",
+    "owner kind and resident adapters from each engine worker (label `worker`), and the vLLM gauges a Kubernetes "
+    "router reads for LoRA-affine routing (`vllm:num_requests_waiting`, `vllm:num_requests_running`, "
+    "`vllm:kv_cache_usage_perc`, `vllm:lora_requests_info`).",
     tags=["operations"],
     media_type=MediaType.TEXT,
 )
 async def metrics(request: Request) -> Response:
     gateway = gateway_of(request)
-    stats = await gateway.engine.stats() if gateway.engine.is_ready() else None
-    content = gateway.metrics.render(stats, gateway.writer.num_pending)
+    stats_by_worker = await gateway.engine.worker_stats() if gateway.engine.is_ready() else None
+    content = gateway.metrics.render(stats_by_worker, gateway.writer.num_pending)
     return Response(content=content, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from app.engine_channel import FrameChannel
-from app.engine_client import AdapterInfo
+from app.engine_client import LOCAL_WORKER, AdapterInfo
 from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import EngineDeadError, EngineError, RequestError, RequestFailedError, UnknownAdapterError
@@ -227,6 +227,9 @@ class ProcessEngineClient(TokenizingClient):
 
     async def stats(self) -> EngineStats:
         return msgspec.convert(await self._call(GetStats), EngineStats)
+
+    async def worker_stats(self) -> dict[str, EngineStats]:
+        return {LOCAL_WORKER: await self.stats()}
 
     # The socket's side ----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 import itertools
 import logging
 import math
+from collections.abc import Iterable
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -371,5 +372,12 @@ class Engine:
             num_kv_blocks_allocated=self.kv.num_blocks_allocated,
             scheduling_policy=self.config.scheduling_policy,
             tenant_counters=self.scheduler.waiting.counters(),
+            running_adapters=_adapter_names(self.scheduler.running),
+            waiting_adapters=_adapter_names(self.scheduler.waiting),
+            max_adapters=self.adapters.capacity(),
         )
 
+
+def _adapter_names(seqs: Iterable[Sequence]) -> list[str]:
+    """The engine names of the adapters ``seqs`` use, sorted and each once (base-model sequences name none)."""
+    return sorted({seq.adapter.name for seq in seqs if seq.adapter is not None})

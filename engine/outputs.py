@@ -78,3 +78,6 @@ class EngineStats:
     num_kv_blocks_allocated: int = 0  # KV pages ever handed to sequences, copies on write included
     scheduling_policy: str = "fair"  # "fair" (per-tenant virtual token counters) or "fifo"
     tenant_counters: dict[str, float] = field(default_factory=dict)  # fair policy: each tenant's weighted service
+    running_adapters: list[str] = field(default_factory=list)  # engine names of running sequences' adapters, sorted
+    waiting_adapters: list[str] = field(default_factory=list)  # the same for waiting sequences
+    max_adapters: int = 0  # adapters the engine can hold at once (AdapterCache.capacity)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -125,8 +126,11 @@ def test_metrics_health_and_ready(server, default_engine) -> None:
     assert 'loraplex_requests_total{adapter="base",endpoint="chat.completions",status="ok",tenant="acme"} 1.0' in text
     assert 'loraplex_time_to_first_token_seconds_count{adapter="base",tenant="acme"} 1.0' in text
     assert "loraplex_completion_tokens_total" in text and "loraplex_queue_depth" in text
-    assert 'loraplex_pool_pages{owner="free"}' in text
-    assert "loraplex_resident_adapters" in text
+    assert 'loraplex_pool_pages{owner="free",worker="local"}' in text
+    assert 'loraplex_resident_adapters{worker="local"}' in text
+    assert 'vllm:num_requests_running{worker="local"}' in text
+    lora_info = r'vllm:lora_requests_info\{max_lora="\d+",running_lora_adapters="[^"]*",waiting_lora_adapters="[^"]*",'
+    assert re.search(lora_info + r'worker="local"\} \d', text), "the router's gauge, with the engine's own stats"
     assert 'loraplex_error_responses_total{code="invalid_api_key",status="401"} 1.0' in text
     assert "loraplex_usage_records_pending " in text
 
