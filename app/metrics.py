@@ -98,6 +98,12 @@ class WorkerGauges:
         self.resident_adapters = Gauge(
             "loraplex_resident_adapters", "Adapters whose weights are in the pool.", worker, registry=registry
         )
+        self.registered_adapters = Gauge(
+            "loraplex_registered_adapters",
+            "Adapters registered in the engine (validated, in host memory), whether in the pool or not.",
+            worker,
+            registry=registry,
+        )
         self.vllm_waiting = Gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed.", worker, registry=registry
         )
@@ -121,6 +127,7 @@ class WorkerGauges:
             self.running,
             self.pool_pages,
             self.resident_adapters,
+            self.registered_adapters,
             self.vllm_waiting,
             self.vllm_running,
             self.vllm_kv_usage,
@@ -137,6 +144,7 @@ class WorkerGauges:
         self.queue_depth.labels(worker).set(stats.num_waiting)
         self.running.labels(worker).set(stats.num_running)
         self.resident_adapters.labels(worker).set(stats.num_resident_adapters)
+        self.registered_adapters.labels(worker).set(stats.num_registered_adapters)
         for owner, num_pages in stats.pages_by_owner.items():
             self.pool_pages.labels(worker, owner).set(num_pages)
         self.vllm_waiting.labels(worker).set(stats.num_waiting)

@@ -364,6 +364,7 @@ class Engine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_resident_adapters=self.adapters.num_resident,
+            num_registered_adapters=len(self.adapters.names()),
             num_preemptions=self._totals["preemptions"],
             num_prompt_tokens=self._totals["prompt"],
             num_cached_prompt_tokens=self._totals["cached"],

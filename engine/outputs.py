@@ -81,3 +81,4 @@ class EngineStats:
     running_adapters: list[str] = field(default_factory=list)  # engine names of running sequences' adapters, sorted
     waiting_adapters: list[str] = field(default_factory=list)  # the same for waiting sequences
     max_adapters: int = 0  # adapters the engine can hold at once (AdapterCache.capacity)
+    num_registered_adapters: int = 0  # adapters registered (host tier), resident in the pool or not

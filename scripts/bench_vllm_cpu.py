@@ -45,6 +45,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.lora_config import PROJECTIONS
 
+DEFAULT_HTTP_ENGINES = ("process", "thread")  # the two engines of one machine, side by side
 logger = logging.getLogger("bench_vllm_cpu")
 
 RANK = 8
@@ -189,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--http-engines",
         type=lambda text: tuple(text.split(",")),
-        default=ENGINE_KINDS,
+        default=DEFAULT_HTTP_ENGINES,
         help=f"LORAPLEX_ENGINE settings served over HTTP, comma-separated; the first is compared with vLLM "
-        f"(default {','.join(ENGINE_KINDS)})",
+        f"(default {','.join(DEFAULT_HTTP_ENGINES)}; scripts/bench_ray.py compares ray with local)",
     )
     parser.add_argument("--skip-vllm", action="store_true", help="HTTP level: loraplex's servers only, no ratios")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.num_requests < 1 or args.max_tokens < 1:
         parser.error("--repeats, --num-requests and --max-tokens must be at least 1")
     if not args.http_engines or not set(args.http_engines) <= set(ENGINE_KINDS):
-        parser.error(f"--http-engines takes {' and/or '.join(ENGINE_KINDS)}, comma-separated")
+        parser.error(f"--http-engines takes any of {', '.join(ENGINE_KINDS)}, comma-separated")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
     settings = Settings.from_env()

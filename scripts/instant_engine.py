@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.engine_client import AdapterInfo
+from app.engine_client import LOCAL_WORKER, AdapterInfo
 from engine import EngineStats, GrammarConstraint, GrammarError, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
 from engine.logprobs import TokenLogprob
@@ -142,6 +142,9 @@ class InstantEngine:
 
     def has_adapter(self, name: str) -> bool:
         return name in self._adapters
+
+    async def worker_stats(self) -> dict[str, EngineStats]:
+        return {LOCAL_WORKER: await self.stats()}
 
     async def stats(self) -> EngineStats:
         return EngineStats(

@@ -10,6 +10,7 @@ cluster, deploys the engine app if it is not running there (or updates it), and 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +28,10 @@ logger = logging.getLogger(__name__)
 ENGINE_APP = "loraplex-engine"
 REPLICA_CACHE_FOLDER = "worker-adapters"  # under the data folder on each replica's node
 HEALTH_CHECK_PERIOD_S = 2.0  # how soon Serve notices a replica whose engine died
+# Set in this process before Ray starts (a user's own value wins): Ray's failure signal handler turns the
+# gateway's SIGTERM into an abort after the graceful shutdown has begun (usage still buffered would be lost),
+# and usage statistics are not sent from a gateway unless its operator asks for it.
+RAY_ENVIRONMENT = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +57,11 @@ class EngineDeployment:
 def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> EngineDeployment:
     """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve."""
     owns_ray = False
+    for name, value in RAY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     if not ray.is_initialized():
-        if settings.address is None:
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        if settings.address is None:  # "local": a new single-node Ray, never someone else's running one
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
             owns_ray = True
         else:
             ray.init(address=settings.address, logging_level=logging.WARNING)

@@ -11,6 +11,7 @@ here as well, so a replica that joins later (a restart, a scale-up) pins the sam
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -69,10 +70,8 @@ class EngineDirectory:
         member.seen = time.monotonic()
         if not member.inbox:
             member.wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(member.wake.wait(), POLL_S)
-            except TimeoutError:
-                pass
         member.seen = time.monotonic()
         commands, member.inbox = member.inbox, []
         return commands
@@ -87,7 +86,7 @@ class EngineDirectory:
     async def broadcast(self, command: bytes, pin: tuple[str, bool] | None = None) -> dict[str, bytes]:
         """Send ``command`` to every live replica; each one's reply by replica id (a dead one's is missing).
 
-        ``pin`` (digest, pinned) records a pin change for replicas that join later.
+        ``pin`` (digest, pinned) records a pin change (or a removal: not pinned) for replicas that join later.
         """
         if pin is not None:
             digest, pinned = pin
@@ -115,10 +114,6 @@ class EngineDirectory:
         finally:
             del self._replies[seq]
         return replies
-
-    async def forget_pin(self, digest: str) -> None:
-        """The adapter is gone: replicas that join later must not pin it."""
-        self._pins.pop(digest, None)
 
     def _answered(self, replies: dict[str, bytes], targets: set[str]) -> bool:
         return all(replica_id in replies for replica_id in targets if replica_id in self._members)

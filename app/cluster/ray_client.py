@@ -133,14 +133,18 @@ class RayEngineClient(TokenizingClient):
                     output = assembler.apply(delta)
                     finished = output.request_finished
                     if output.error is not None:
-                        raise RequestFailedError(f"the engine failed while running request {request_id}: {output.error}")
+                        raise RequestFailedError(
+                            f"the engine failed while running request {request_id}: {output.error}"
+                        )
                     yield output
         except RayTaskError as error:  # the replica's code raised: a bug, logged on the replica
             finished = True
             raise RequestFailedError(f"the engine replica failed request {request_id}: {error}") from error
         except RayError as error:  # the replica died (killed, out of memory, its node gone)
             finished = True
-            raise EngineDeadError(f"the engine replica serving request {request_id} died: {type(error).__name__}") from error
+            raise EngineDeadError(
+                f"the engine replica serving request {request_id} died: {type(error).__name__}"
+            ) from error
         finally:
             if not finished:  # the caller left early (a client gone): the replica aborts it and frees its pages
                 stream.cancel()
@@ -174,7 +178,7 @@ class RayEngineClient(TokenizingClient):
         """Forget ``name``; the replicas drop its adapter unless another name has the same bytes."""
         digest = self._digest(name)
         if list(self._digests.values()).count(digest) == 1:
-            await self._broadcast(RemoveAdapter(0, digest))
+            await self._broadcast(RemoveAdapter(0, digest), pin=(digest, False))
         self._digests.pop(name, None)
 
     async def pin_adapter(self, name: str, pinned: bool) -> None:

@@ -54,6 +54,7 @@ from engine.worker_protocol import (
 
 logger = logging.getLogger(__name__)
 
+POLL_RETRY_S = 0.5  # between looks for a directory that is restarting
 _encoder = msgspec.msgpack.Encoder()
 _submits = msgspec.msgpack.Decoder(Submit)
 
@@ -96,8 +97,7 @@ class EngineReplica:
         self._worker = EngineWorker(engine, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
         self._worker.start()
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
-        for body in await self._directory.join.remote(self.replica_id, os.getpid()):
-            await self._run(decode_command(body))  # the pins every replica holds
+        await self._apply_pins(await self._directory.join.remote(self.replica_id, os.getpid()))
         self._poll_task = self._loop.create_task(self._poll())
         logger.info("engine replica %s ready: room for %d adapters", self.replica_id, self.capacity)
 
@@ -180,15 +180,22 @@ class EngineReplica:
 
     # Commands from the directory --------------------------------------------------------------------
 
+    async def _apply_pins(self, commands: list[bytes]) -> None:
+        """Pin what every replica pins (a pin that fails is logged: the replica serves without it)."""
+        for body in commands:
+            reply = msgspec.msgpack.decode(await self._reply(decode_command(body)), type=Reply)
+            if reply.error is not None:
+                logger.warning("replica %s could not pin an adapter: %s", self.replica_id, reply.error.message)
+
     async def _poll(self) -> None:
         while True:
             try:
                 commands = await self._directory.next_commands.remote(self.replica_id)
-            except ray.exceptions.RayActorError:  # the directory restarted: join it again
-                commands = None
-            if commands is None:
-                await asyncio.sleep(0.1)
-                await self._directory.join.remote(self.replica_id, os.getpid())
+                if commands is None:  # the directory restarted and forgot this replica
+                    await self._apply_pins(await self._directory.join.remote(self.replica_id, os.getpid()))
+                    continue
+            except ray.exceptions.RayActorError:  # the directory is restarting
+                await asyncio.sleep(POLL_RETRY_S)
                 continue
             for seq, body in commands:
                 self._loop.create_task(self._answer(seq, body))

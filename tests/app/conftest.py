@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cluster.ray_client import RayEngineClient
 from app.db.migrate import upgrade
 from app.engine_client import EngineClient, LocalEngineClient
 from app.model_store import resolve_model
@@ -23,6 +24,7 @@ from tests.app.gateway_fixtures import (
 )
 from tests.app.live_server import LiveServer, live_server
 from tests.app.postgres import real_postgres, truncate_all
+from tests.app.ray_fixtures import session_ray_engine
 from tests.engine.lora_helpers import make_peft_adapter
 
 
@@ -66,6 +68,12 @@ def process_engine(data_home: Path) -> Iterator[ProcessEngineClient]:
     client = start_process_engine(data_home)
     yield client
     asyncio.run(client.stop())
+
+
+@pytest.fixture(scope="session")
+def ray_engine(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayEngineClient]:
+    """The same engine as two replicas on a real local Ray Serve (one Ray for the session)."""
+    yield from session_ray_engine(data_home, tmp_path_factory.mktemp("ray-home"))
 
 
 @pytest.fixture

@@ -128,6 +128,7 @@ def test_metrics_health_and_ready(server, default_engine) -> None:
     assert "loraplex_completion_tokens_total" in text and "loraplex_queue_depth" in text
     assert 'loraplex_pool_pages{owner="free",worker="local"}' in text
     assert 'loraplex_resident_adapters{worker="local"}' in text
+    assert 'loraplex_registered_adapters{worker="local"}' in text
     assert 'vllm:num_requests_running{worker="local"}' in text
     lora_info = r'vllm:lora_requests_info\{max_lora="\d+",running_lora_adapters="[^"]*",waiting_lora_adapters="[^"]*",'
     assert re.search(lora_info + r'worker="local"\} \d', text), "the router's gauge, with the engine's own stats"

@@ -1,0 +1,228 @@
+"""The engine on a real local Ray Serve: streaming, adapter affinity, cancellation, a killed replica, usage rows.
+
+Two replicas of the default model run under one Ray for the session (``ray_engine`` in conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cluster.ray_client import RayEngineClient
+from app.engine_client import EngineClient
+from app.model_store import resolve_model
+from engine import SamplingParams
+from engine.errors import UnknownAdapterError
+from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
+from tests.app.ray_fixtures import (
+    NUM_REPLICAS,
+    generated_by_replica,
+    replica_pids,
+    serving_replica,
+    wait_for_replicas,
+)
+from tests.engine.lora_helpers import make_peft_adapter
+
+pytestmark = [pytest.mark.default_model, pytest.mark.anyio]
+
+NUM_ADAPTERS = 4
+AFFINITY_ROUNDS = 6
+MIN_HIT_RATE = 0.9
+FREE_WAIT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def ray_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Small PEFT adapters of the default model, distinct bytes each."""
+    root = tmp_path_factory.mktemp("ray-adapters")
+    base = resolve_model("default", data_home)
+    return {
+        f"ad{seed}": make_peft_adapter(base, root / f"ad{seed}", seed=seed, r=4, target_modules=["q_proj", "v_proj"])
+        for seed in range(11, 11 + NUM_ADAPTERS)
+    }
+
+
+async def _generate(engine: EngineClient, request_id: str, adapter: str | None, max_tokens: int = 2) -> list:
+    ids = engine.encode_prompt("The capital of France is")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [output async for output in engine.generate(ids, params, request_id, adapter)]
+
+
+async def _served_by(engine: RayEngineClient, request_id: str, adapter: str | None) -> str:
+    before = generated_by_replica(await engine.worker_stats())
+    await _generate(engine, request_id, adapter)
+    return serving_replica(before, generated_by_replica(await engine.worker_stats()))
+
+
+async def test_a_request_streams_through_the_handle_with_the_local_engines_tokens(ray_engine, thread_engine) -> None:
+    remote = await _generate(ray_engine, "ray-stream", None, max_tokens=12)
+    local = await _generate(thread_engine, "local-stream", None, max_tokens=12)
+    assert len(remote) == len(local) == 12, "one output per generated token, streamed"
+    assert remote[-1].token_ids == local[-1].token_ids
+    assert remote[-1].request_finished and remote[-1].finish_reason == "length"
+
+
+async def test_requests_for_an_adapter_land_on_the_replica_that_holds_it(ray_engine, ray_adapters) -> None:
+    for name, folder in ray_adapters.items():
+        await ray_engine.add_adapter(f"affinity-{name}", folder)
+    holder: dict[str, str] = {}
+    hits = total = 0
+    for round_ in range(AFFINITY_ROUNDS):
+        for name in ray_adapters:
+            replica = await _served_by(ray_engine, f"affinity-{round_}-{name}", f"affinity-{name}")
+            if name not in holder:
+                holder[name] = replica
+                continue
+            total += 1
+            hits += replica == holder[name]
+    assert hits / total >= MIN_HIT_RATE, f"affinity hit rate {hits}/{total}; holders {holder}"
+    assert len(set(holder.values())) == NUM_REPLICAS, "new adapters go to the replica holding the fewest"
+
+
+async def test_a_cancelled_request_frees_its_pages_on_the_worker(ray_engine, ray_adapters) -> None:
+    name, folder = next(iter(ray_adapters.items()))
+    await ray_engine.add_adapter(f"cancel-{name}", folder)
+    ids = ray_engine.encode_prompt("Count from one to a thousand:")
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    stream = ray_engine.generate(ids, params, "cancelled", f"cancel-{name}")
+    async for output in stream:
+        if len(output.token_ids) >= 3:
+            break
+    await stream.aclose()
+    deadline = time.monotonic() + FREE_WAIT_S
+    while time.monotonic() < deadline:
+        stats = await ray_engine.worker_stats()
+        if all(
+            one.num_running == 0 and one.num_waiting == 0 and not one.pages_by_owner.get("kv") for one in stats.values()
+        ):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail(f"the cancelled request still holds pages: {stats}")
+    assert sum(one.num_generated_tokens for one in stats.values()) < 1000
+
+
+async def test_usage_rows_are_the_same_as_with_the_local_engine(
+    gateway_settings, ray_engine, thread_engine, tenant_adapters
+) -> None:
+    rows = {}
+    for kind, engine in (("local", thread_engine), ("ray", ray_engine)):
+        async with gateway_client(gateway_settings, engine) as (client, gateway):
+            tenant = await make_tenant(gateway, f"usage-{kind}", adapters={"alpha": tenant_adapters["alpha"]})
+            base = engine.model_name
+            replies = [
+                await client.post("/v1/chat/completions", json=chat_body(base), headers=tenant.headers),
+                await client.post("/v1/chat/completions", json=chat_body("alpha"), headers=tenant.headers),
+                await client.post(
+                    "/v1/completions",
+                    json={
+                        "model": "alpha",
+                        "prompt": "Once upon",
+                        "max_tokens": 5,
+                        "n": 2,
+                        "stream": True,
+                        "temperature": 0,
+                    },
+                    headers=tenant.headers,
+                ),
+            ]
+            assert [reply.status_code for reply in replies] == [200, 200, 200]
+            rows[kind] = [
+                (
+                    row.model,
+                    row.adapter_id is not None,
+                    row.prompt_tokens,
+                    row.completion_tokens,
+                    row.status,
+                    row.finish_reason,
+                )
+                for row in await usage_rows(gateway)
+                if row.tenant_id == tenant.tenant_id
+            ]
+    assert len(rows["ray"]) == 3
+    assert rows["ray"] == rows["local"]
+
+
+async def test_a_replica_killed_mid_stream_ends_its_streams_with_an_error_and_the_other_goes_on(
+    gateway_settings, ray_engine, ray_adapters
+) -> None:
+    async with gateway_client(gateway_settings, ray_engine) as (client, gateway):
+        tenant = await make_tenant(gateway, "kill-drill", adapters=ray_adapters)
+        holder: dict[str, str] = {}
+        for name in ray_adapters:  # one short request each, to learn which replica holds which adapter
+            before = generated_by_replica(await ray_engine.worker_stats())
+            reply = await client.post(
+                "/v1/chat/completions", json=chat_body(name, max_tokens=2), headers=tenant.headers
+            )
+            assert reply.status_code == 200
+            holder[name] = serving_replica(before, generated_by_replica(await ray_engine.worker_stats()))
+        victim_adapter = next(iter(holder))
+        victim = holder[victim_adapter]
+        survivor_adapter = next(name for name, replica in holder.items() if replica != victim)
+        pid = replica_pids()[victim]
+
+        def long_stream(model: str) -> dict[str, object]:
+            return chat_body(model, max_tokens=60, stream=True, ignore_eos=True)
+
+        doomed = asyncio.ensure_future(
+            client.post("/v1/chat/completions", json=long_stream(victim_adapter), headers=tenant.headers)
+        )
+        other = asyncio.ensure_future(
+            client.post("/v1/chat/completions", json=long_stream(survivor_adapter), headers=tenant.headers)
+        )
+        deadline = time.monotonic() + FREE_WAIT_S
+        while time.monotonic() < deadline:  # kill the victim once its stream is generating
+            stats = await ray_engine.worker_stats()
+            if stats.get(victim) is not None and stats[victim].num_running:
+                break
+            await asyncio.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        doomed_reply, other_reply = await doomed, await other
+        doomed_events, other_events = sse_events(doomed_reply.text), sse_events(other_reply.text)
+        assert "error" in json.loads(doomed_events[-1]) and "[DONE]" not in doomed_events
+        assert other_events[-1] == "[DONE]"
+        rows = {row.request_id: row for row in await usage_rows(gateway)}
+        doomed_row = rows[doomed_reply.headers["x-request-id"]]
+        other_row = rows[other_reply.headers["x-request-id"]]
+        assert doomed_row.status == "error" and other_row.status == "ok" and other_row.completion_tokens == 60
+        assert len(rows) == len(ray_adapters) + 2, "exactly one usage row per request"
+
+        await asyncio.to_thread(wait_for_replicas, NUM_REPLICAS, victim)  # Serve started a new replica
+        again = await client.post("/v1/chat/completions", json=chat_body(victim_adapter), headers=tenant.headers)
+        assert again.status_code == 200, again.text
+
+
+async def test_pins_abort_all_and_removals_reach_every_replica(ray_engine, data_home, tmp_path) -> None:
+    folder = make_peft_adapter(
+        resolve_model("default", data_home), tmp_path / "pinned", seed=99, r=4, target_modules=["q_proj"]
+    )
+    await ray_engine.add_adapter("pinned", folder)
+    before = {replica: one.num_resident_adapters for replica, one in (await ray_engine.worker_stats()).items()}
+    await ray_engine.pin_adapter("pinned", True)
+    pinned = {replica: one.num_resident_adapters for replica, one in (await ray_engine.worker_stats()).items()}
+    assert pinned == {replica: count + 1 for replica, count in before.items()}, "resident on every replica"
+
+    streams = [asyncio.ensure_future(_generate(ray_engine, f"abort-all-{i}", None, max_tokens=2000)) for i in range(4)]
+    deadline = time.monotonic() + FREE_WAIT_S
+    while time.monotonic() < deadline:  # base requests are balanced: both replicas run some
+        if all(one.num_running for one in (await ray_engine.worker_stats()).values()):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the base requests did not spread over both replicas")
+    ray_engine.abort_all()
+    ended = await asyncio.wait_for(asyncio.gather(*streams), FREE_WAIT_S)
+    assert [outputs[-1].finish_reason for outputs in ended] == ["abort"] * 4
+
+    await ray_engine.remove_adapter("pinned")
+    removed = {replica: one.num_resident_adapters for replica, one in (await ray_engine.worker_stats()).items()}
+    assert removed == before
+    assert not ray_engine.has_adapter("pinned")
+    with pytest.raises(UnknownAdapterError):
+        await _generate(ray_engine, "after-removal", "pinned")
