@@ -15,6 +15,7 @@ from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
 from app.bootstrap import DemoAccess, ensure_demo_tenant
+from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
@@ -69,6 +70,7 @@ def make_engine(settings: Settings) -> EngineClient:
     if settings.engine == "thread":
         return LocalEngineClient(config, name)
     if settings.engine == "ray":
+        configure_ray_environment()  # before Ray is imported: Serve reads its settings then
         try:
             from app.cluster.deployment import RaySettings
             from app.cluster.ray_client import RayEngineClient

@@ -10,7 +10,6 @@ cluster, deploys the engine app if it is not running there (or updates it), and 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ray.actor import ActorHandle
 from ray.serve.handle import DeploymentHandle
 
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE, EngineDirectory
+from app.cluster.environment import REPLICA_ENVIRONMENT, configure_ray_environment
 from app.cluster.replica import EngineReplica
 from engine.config import EngineConfig
 
@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 ENGINE_APP = "loraplex-engine"
 REPLICA_CACHE_FOLDER = "worker-adapters"  # under the data folder on each replica's node
 HEALTH_CHECK_PERIOD_S = 2.0  # how soon Serve notices a replica whose engine died
-# Set in this process before Ray starts (a user's own value wins): Ray's failure signal handler turns the
-# gateway's SIGTERM into an abort after the graceful shutdown has begun (usage still buffered would be lost),
-# and usage statistics are not sent from a gateway unless its operator asks for it.
-RAY_ENVIRONMENT = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +53,7 @@ class EngineDeployment:
 def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> EngineDeployment:
     """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve."""
     owns_ray = False
-    for name, value in RAY_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
+    configure_ray_environment()  # a no-op when the gateway did it before importing Ray
     if not ray.is_initialized():
         if settings.address is None:  # "local": a new single-node Ray, never someone else's running one
             ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
@@ -69,6 +64,9 @@ def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> En
         name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()
     serve.start(proxy_location="Disabled")
+    if not owns_ray and _is_running(ENGINE_APP):  # another gateway deployed it: share it as it is
+        logger.info("joining the running engine app %s", ENGINE_APP)
+        return EngineDeployment(serve.get_app_handle(ENGINE_APP), directory, owns_ray)
     if settings.replica_cpus >= 1 and config.num_threads is None:
         config = replace(config, num_threads=int(settings.replica_cpus))
     replica = serve.deployment(EngineReplica).options(
@@ -76,12 +74,21 @@ def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> En
         num_replicas=settings.num_replicas,
         max_ongoing_requests=config.max_num_seqs,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
-        ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": settings.replica_gpus},
+        ray_actor_options={
+            "num_cpus": settings.replica_cpus,
+            "num_gpus": settings.replica_gpus,
+            "runtime_env": {"env_vars": REPLICA_ENVIRONMENT},
+        },
     )
     app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER))
     handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
     logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
     return EngineDeployment(handle, directory, owns_ray)
+
+
+def _is_running(app_name: str) -> bool:
+    status = serve.status().applications.get(app_name)
+    return status is not None and status.status == "RUNNING"
 
 
 def shut_down(deployment: EngineDeployment) -> None:
