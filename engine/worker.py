@@ -26,6 +26,7 @@ from engine.outputs import EngineStats, RequestOutput
 from engine.worker_protocol import (
     Abort,
     AbortAll,
+    AbortRequests,
     AdapterSummary,
     AddAdapter,
     CheckConstraint,
@@ -63,7 +64,7 @@ class _Call:
 
 
 _Stop = None  # the inbox's last item: abort what runs, then end the loop
-_Inbox = Submit | Abort | AbortAll | _Call | None
+_Inbox = Submit | Abort | AbortAll | AbortRequests | _Call | None
 
 
 class EngineWorker:
@@ -110,7 +111,7 @@ class EngineWorker:
     def handle(self, command: Command) -> Future | None:
         """Carry out a command as it arrived; a Future of its result for a call, None for the others."""
         match command:
-            case Submit() | Abort() | AbortAll():
+            case Submit() | Abort() | AbortAll() | AbortRequests():
                 self._put(command)
                 return None
             case Shutdown():
@@ -238,6 +239,9 @@ class EngineWorker:
                     self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
                     if item is None:
                         return False
+                case AbortRequests(request_ids=request_ids):
+                    live = [request_id for request_id in request_ids if request_id in self._live]
+                    self._send([output for request_id in live for output in self._abort(request_id)])
                 case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
                     self._abort(request_id)
                     self._live.discard(request_id)

@@ -117,6 +117,15 @@ class AbortAll(msgspec.Struct, frozen=True, array_like=True, tag=True):
     """End every running request now; each gets its last output, finish reason "abort"."""
 
 
+class AbortRequests(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    """End these requests now (those still running): each gets its last output, finish reason "abort".
+
+    AbortAll for one client among several (gateways sharing Ray replicas end only their own requests).
+    """
+
+    request_ids: list[str]
+
+
 class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag=True):
     """End every running request (as AbortAll), stop the step loop and exit."""
 
@@ -161,7 +170,7 @@ class CheckConstraint(msgspec.Struct, frozen=True, array_like=True, tag=True):
 
 
 Call = AddAdapter | RemoveAdapter | PinAdapter | ValidateAdapter | GetStats | SetTenantWeight | CheckConstraint
-Command = Submit | Abort | AbortAll | Shutdown | Call
+Command = Submit | Abort | AbortAll | AbortRequests | Shutdown | Call
 
 
 # Events: worker to client -----------------------------------------------------------------------------

@@ -8,8 +8,8 @@ A caller that leaves early cancels the stream, and the replica aborts the reques
 
 The gateway keeps the tokenizer, validates adapters itself (it has the model's config) and copies them into
 the store under their digest; ``add_adapter`` only records the name's digest here: a replica registers an
-adapter when the first request for it arrives (Serve's multiplexed loader). Removing, pinning, ending every
-request and reading the workers' stats go to every replica through the directory actor.
+adapter when the first request for it arrives (Serve's multiplexed loader). Removing, pinning, ending this
+gateway's requests and reading the workers' stats go to every replica through the directory actor.
 
 A replica that dies mid-stream ends its requests with EngineDeadError (the gateway sends OpenAI's error event
 and writes one ``error`` usage row each); requests on other replicas go on, Serve starts a new replica, and
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import ray
 from ray.exceptions import RayError, RayTaskError
 
 from app.adapters.store import copy_into_store
@@ -39,7 +38,7 @@ from engine.errors import EngineDeadError, EngineError, RequestFailedError, Unkn
 from engine.lora_adapter import load_lora_adapter
 from engine.output_delta import OutputAssembler
 from engine.worker_protocol import (
-    AbortAll,
+    AbortRequests,
     CheckConstraint,
     Command,
     GetStats,
@@ -73,6 +72,7 @@ class RayEngineClient(TokenizingClient):
         self._model_config: ModelConfig | None = None
         self._deployment: EngineDeployment | None = None
         self._digests: dict[str, str] = {}  # adapter name -> content digest (the replicas' name for it)
+        self._live: set[str] = set()  # this gateway's requests in flight (other gateways may share the replicas)
 
     async def start(self) -> None:
         """Deploy (or find) the engine replicas and wait until they serve; the tokenizer loads meanwhile."""
@@ -92,11 +92,13 @@ class RayEngineClient(TokenizingClient):
         self.max_prompt_chars = self._tokenizer.max_prompt_chars(self.max_model_len)
 
     async def stop(self) -> None:
-        """End every request in flight; shut Ray down if this process started it."""
-        deployment, self._deployment = self._deployment, None
+        """End this gateway's requests in flight; shut Ray down if this process started it."""
+        deployment = self._deployment
         if deployment is None:
             return
-        await asyncio.to_thread(ray.get, deployment.directory.broadcast.remote(_encoder.encode(AbortAll())))
+        if self._live:
+            await deployment.directory.broadcast.remote(self._abort_command())
+        self._deployment = None
         await asyncio.to_thread(shut_down, deployment)
 
     def is_ready(self) -> bool:
@@ -123,6 +125,7 @@ class RayEngineClient(TokenizingClient):
         stream = handle.generate.remote(body)
         assembler = OutputAssembler(prompt_ids)
         finished = False
+        self._live.add(request_id)
         try:
             async for chunk in stream:
                 step = _steps.decode(chunk)
@@ -146,12 +149,14 @@ class RayEngineClient(TokenizingClient):
                 f"the engine replica serving request {request_id} died: {type(error).__name__}"
             ) from error
         finally:
+            self._live.discard(request_id)
             if not finished:  # the caller left early (a client gone): the replica aborts it and frees its pages
                 stream.cancel()
 
     def abort_all(self) -> None:
-        if self._deployment is not None:
-            self._deployment.directory.broadcast.remote(_encoder.encode(AbortAll()))
+        """End this gateway's requests in flight (not those of other gateways on the same replicas)."""
+        if self._deployment is not None and self._live:
+            self._deployment.directory.broadcast.remote(self._abort_command())
 
     async def check_constraint(self, constraint: GrammarConstraint) -> None:
         body = _encoder.encode(CheckConstraint(0, constraint))
@@ -204,6 +209,9 @@ class RayEngineClient(TokenizingClient):
         if digest is None:
             raise UnknownAdapterError(f"unknown adapter {name!r}: add it to the engine first")
         return digest
+
+    def _abort_command(self) -> bytes:
+        return _encoder.encode(AbortRequests(sorted(self._live)))
 
     def _model(self) -> ModelConfig:
         if self._model_config is None:

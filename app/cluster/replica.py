@@ -13,7 +13,7 @@ page LRU decides what is resident (an adapter Serve lists but whose pages were r
 its host copy, with no file read). An adapter Serve unloads is removed from the engine, unless it is
 pinned or requests still run on it (then it is removed when the last one ends).
 
-Commands that must reach every replica (remove, pin, abort all, stats) come through the directory actor
+Commands that must reach every replica (remove, pin, end requests, stats) come through the directory actor
 (``directory.py``), which the replica long-polls on its event loop.
 """
 

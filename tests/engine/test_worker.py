@@ -21,6 +21,7 @@ from engine.output_delta import OutputAssembler
 from engine.page_pool import OwnerKind
 from engine.worker import EngineWorker
 from engine.worker_protocol import (
+    AbortRequests,
     AddAdapter,
     CheckConstraint,
     GetStats,
@@ -161,6 +162,32 @@ def test_an_aborted_request_sends_nothing_more_and_frees_its_pages(tiny_llama: P
         worker.stop()
 
 
+def test_aborting_some_requests_ends_them_with_a_last_output_and_leaves_the_others(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama)
+    seen: list[StepOutputs] = []
+    running = threading.Event()
+
+    def emit(message: StepOutputs) -> None:
+        seen.append(message)
+        if {"mine", "theirs"} <= {delta.request_id for delta in message.outputs}:
+            running.set()
+
+    worker = EngineWorker(engine, emit)
+    worker.start()
+    try:
+        for request_id in ("mine", "theirs"):
+            params = SamplingParams(max_tokens=400, ignore_eos=True)
+            worker.submit(Submit(request_id, [5, 6, 7], params, None, None, 1.0))
+        assert running.wait(WAIT_S)
+        worker.handle(AbortRequests(["mine", "unknown"]))
+        stats = worker.stats().result(WAIT_S)  # runs after the abort: the inbox is in order
+        assert stats.num_running == 1
+        ends = [delta for message in seen for delta in message.outputs if delta.request_finished]
+        assert [(delta.request_id, delta.finish_reason) for delta in ends] == [("mine", "abort")]
+    finally:
+        worker.stop()
+
+
 def test_calls_answer_through_futures_and_refusals_through_the_step_message(tiny_llama: Path, tmp_path: Path) -> None:
     engine = make_engine(tiny_llama)
     messages: list[StepOutputs] = []
@@ -235,4 +262,3 @@ def test_messages_and_errors_keep_their_types_across_the_wire() -> None:
     assert isinstance(from_wire(to_wire(UnknownAdapterError("x"))), AdapterError | RequestError)
     other = from_wire(to_wire(ValueError("odd")))
     assert type(other) is EngineError and "ValueError: odd" in str(other)
-
