@@ -23,6 +23,7 @@ from app.engine_client import EngineClient, LocalEngineClient
 from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader
+from app.limits.factory import open_limiter
 from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
@@ -118,7 +119,9 @@ async def run_gateway(
             stack.push_async_callback(engine.stop)
         metrics = GatewayMetrics()
         resolver = ModelResolver(database, engine)
-        limiter = Limiter(usage_loader(database))
+        limiter = await stack.enter_async_context(
+            open_limiter(settings, usage_loader(database), metrics.limit_backend_errors)
+        )
         gateway = Gateway(
             settings=settings,
             engine=engine,

@@ -65,6 +65,13 @@ class GatewayMetrics:
             ("status", "code"),
             registry=self.registry,
         )
+        self.limit_backend_errors = Counter(
+            "loraplex_limit_backend_errors",
+            "Limit checks and updates that Redis did not answer, by kind of limit (rate, concurrency, budget) and "
+            "outcome (open: let in unchecked; closed: refused with a 503; lost: a settle or lease renewal not taken).",
+            ("limit", "outcome"),
+            registry=self.registry,
+        )
         self.usage_pending = Gauge(
             "loraplex_usage_records_pending",
             "Usage records waiting to be written to PostgreSQL; grows while the database is away.",

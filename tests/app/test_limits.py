@@ -1,15 +1,17 @@
 """The limiter alone, on a fake clock: each limit trips at its count and frees at its time, reservations settle.
 
-No sleeps: the minute windows read ``FakeTime.now`` and the budget's month reads ``FakeTime.utc``. The budget's
-recorded usage comes from an in-memory loader standing in for ``usage_events`` (test_limits_http.py reads
-the real table).
+Every test that takes ``limiter`` runs twice: on the in-process store and on the Redis store (a real
+redis-server, its scripts given the fake time), so the two cannot behave differently. No sleeps: the
+minute windows read ``FakeTime.now`` and the budget's month reads ``FakeTime.utc``. The budget's recorded
+usage comes from an in-memory loader standing in for ``usage_events`` (test_limits_http.py reads the real
+table). test_limits_redis.py has what only Redis does: replicas sharing it, leases, outages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,8 +19,13 @@ import pytest
 from app.adapters.resolver import ResolvedModel
 from app.errors import InsufficientQuotaError, RateLimitError
 from app.keys.authenticator import Principal
+from app.limits.backend_failure import BackendFailures, FailurePolicy
+from app.limits.factory import redis_client
 from app.limits.limiter import Admission, Limiter, duration_text
 from app.limits.limits import NO_LIMITS, Limits
+from app.limits.memory_store import MemoryStore
+from app.limits.redis_store import RedisStore
+from app.limits.store import LimitStore
 from app.metrics import GatewayMetrics
 from app.openai.runs import Run, Submission, metered_outputs
 from app.usage.records import UsageRecord
@@ -32,6 +39,7 @@ KEY_A = uuid.UUID("22222222-2222-4222-8222-222222222222")
 KEY_B = uuid.UUID("33333333-3333-4333-8333-333333333333")
 NOVEMBER = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 DECEMBER_1 = datetime(2026, 12, 1, tzinfo=UTC)
+TEST_REDIS_TIMEOUT_S = 2.0  # the gateway's 100 ms would turn a busy test machine's pause into a failure
 
 
 class FakeTime:
@@ -69,9 +77,23 @@ def usage() -> FakeUsage:
     return FakeUsage()
 
 
-@pytest.fixture
-def limiter(clock: FakeTime, usage: FakeUsage) -> Limiter:
-    return Limiter(usage, clock=lambda: clock.now, calendar=lambda: clock.utc)
+def redis_store(url: str, usage: FakeUsage, clock: Callable[[], float] | None = None, **kwargs: float) -> RedisStore:
+    """A Redis store with the default failure policy, on ``clock`` (None: Redis's own)."""
+    client = redis_client(url, TEST_REDIS_TIMEOUT_S)
+    return RedisStore(client, usage, BackendFailures(FailurePolicy()), clock=clock, **kwargs)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limiter(request: pytest.FixtureRequest, clock: FakeTime, usage: FakeUsage) -> AsyncIterator[Limiter]:
+    """The limiter on each store in turn, both on the fake clock."""
+    store: LimitStore
+    if request.param == "memory":
+        store = MemoryStore(usage, clock=lambda: clock.now)
+    else:
+        store = redis_store(request.getfixturevalue("redis_url"), usage, lambda: clock.now)
+    limiter = Limiter(store, calendar=lambda: clock.utc)
+    yield limiter
+    await limiter.close()
 
 
 def caller(

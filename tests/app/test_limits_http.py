@@ -1,4 +1,7 @@
-"""Limits over HTTP with the real app, model and PostgreSQL: 429s, headers, a PATCH that holds, budgets, streams."""
+"""Limits over HTTP with the real app, model and PostgreSQL: 429s, headers, a PATCH that holds, budgets, streams.
+
+Each test runs twice: with the limits in the gateway's process, and in a real Redis (``LORAPLEX_REDIS_URL``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +21,8 @@ from sqlalchemy import update
 
 from app.db.tables import Tenant, UsageEvent
 from app.gateway import Gateway
+from app.settings import Settings
+from tests.app import gateway_fixtures
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 from tests.app.live_server import LiveServer, live_server
 from tests.app.test_admin_tenants import PROPAGATION_S, assert_error, make_admin
@@ -29,6 +36,15 @@ REQUEST_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests
 TOKEN_HEADERS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 # A raw completion of a count goes on counting for as long as max_tokens lets it.
 COUNTING = {"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 400, "temperature": 0, "stream": True}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def gateway_settings(request: pytest.FixtureRequest, tmp_path: Path, database_url: str) -> Settings:
+    """The test settings, with the limits in this process or in the session's Redis."""
+    settings = gateway_fixtures.test_settings(tmp_path, database_url)  # imported by name, pytest would collect it
+    if request.param == "redis":
+        settings = replace(settings, redis_url=request.getfixturevalue("redis_url"))
+    return settings
 
 
 async def set_tenant(gateway: Gateway, tenant_id: uuid.UUID, **fields: object) -> None:
