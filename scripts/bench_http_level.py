@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from load_server import LocalServer
 from raw_http import RawConnectionPool, encode_request
@@ -31,6 +32,8 @@ from vllm_cpu_server import VllmServer
 from app.admin_client import AdminClient
 
 logger = logging.getLogger("bench_http_level")
+
+T = TypeVar("T")
 
 WARM_TOKENS = 4
 PATH = "/v1/completions"
@@ -135,8 +138,20 @@ def on_loraplex(
     model: Path, engine: str, scratch: Path, adapters: dict[str, Path], run: CaseRunner
 ) -> dict[str, float]:
     """``run``'s rates on a fresh ``loraplex serve`` with ``LORAPLEX_ENGINE=engine``, its tenant owning ``adapters``."""
-    server = LocalServer(model, {"LORAPLEX_ENGINE": engine, "LORAPLEX_MAX_NUM_SEQS": "64"}, parent=scratch)
-    logger.info("starting loraplex serve (LORAPLEX_ENGINE=%s) in %s", engine, server.home)
+    return on_fresh_server(model, {"LORAPLEX_ENGINE": engine}, scratch, adapters, lambda target, _: run(target))
+
+
+def on_fresh_server(
+    model: Path,
+    env: dict[str, str],
+    scratch: Path,
+    adapters: dict[str, Path],
+    run: Callable[[Target, LocalServer], T],
+) -> T:
+    """``run(target, server)`` on a fresh ``loraplex serve`` with ``env`` (64 sequences at once unless it says),
+    one tenant and its key made over the admin API, the tenant owning ``adapters``."""
+    server = LocalServer(model, {"LORAPLEX_MAX_NUM_SEQS": "64", **env}, parent=scratch)
+    logger.info("starting loraplex serve (%s) in %s", env, server.home)
     server.start()
     try:
         server.wait_ready()
@@ -148,7 +163,7 @@ def on_loraplex(
                 admin.upload_adapter(tenant["id"], name, folder)
         finally:
             admin.close()
-        return run(Target(server.port, key, model.name, tuple(adapters)))
+        return run(Target(server.port, key, model.name, tuple(adapters)), server)
     except Exception:
         logger.error("loraplex serve's log ends:\n%s", server.log_tail())
         raise

@@ -32,17 +32,14 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import httpx
-from bench_http_level import Target, completion_tokens, run_case
+from bench_http_level import Target, completion_tokens, on_fresh_server, run_case
 from bench_lora import write_synthetic_adapter
 from load_server import LocalServer
 from prometheus_client.parser import text_string_to_metric_families
 from raw_http import RawConnectionPool, encode_request
 
-from app.admin_client import AdminClient
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
@@ -122,29 +119,6 @@ def registrations_by_worker(url: str) -> dict[str, float]:
     raise RuntimeError("/metrics has no loraplex_registered_adapters gauge")
 
 
-def on_server(model: Path, env: dict[str, str], scratch: Path, adapters: dict[str, Path], run: Callable) -> dict:
-    """``run(target, server)`` on a fresh ``loraplex serve`` with ``env``, its tenant owning ``adapters``."""
-    server = LocalServer(model, {"LORAPLEX_MAX_NUM_SEQS": "64", **env}, parent=scratch)
-    logger.info("starting loraplex serve with %s", env)
-    server.start()
-    try:
-        server.wait_ready()
-        admin = AdminClient(server.url, server.admin_key)
-        try:
-            tenant = admin.create_tenant("bench")
-            key = admin.create_key(tenant["id"], "bench", ["inference"])["key"]
-            for name, folder in adapters.items():
-                admin.upload_adapter(tenant["id"], name, folder)
-        finally:
-            admin.close()
-        return run(Target(server.port, key, model.name, tuple(adapters)), server)
-    except Exception:
-        logger.error("loraplex serve's log ends:\n%s", server.log_tail())
-        raise
-    finally:
-        server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2, help="rounds of the overhead and throughput servers")
@@ -184,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[dict]] = {name: [] for name in servers}
     for round_ in range(args.repeats):
         for name in servers if round_ % 2 == 0 else reversed(servers):
-            figures = on_server(folder, servers[name], scratch, few, overhead_and_throughput)
+            figures = on_fresh_server(folder, servers[name], scratch, few, overhead_and_throughput)
             rounds[name].append(figures)
             logger.info("round %d/%d, %s: %s", round_ + 1, args.repeats, name, figures)
 
@@ -195,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return registrations_by_worker(server.url)
 
     two_replicas = {"LORAPLEX_ENGINE": "ray", "LORAPLEX_RAY_REPLICAS": "2", "LORAPLEX_RAY_REPLICA_CPUS": "1"}
-    registrations = on_server(folder, two_replicas, scratch, adapters, affinity)
+    registrations = on_fresh_server(folder, two_replicas, scratch, adapters, affinity)
     used = len(set(draws))
     misses = sum(registrations.values()) - used
     result = summarize(rounds) | {
