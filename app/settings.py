@@ -63,8 +63,9 @@ class Settings:
     ray_replicas: int = 1
     """Engine replicas on Ray (LORAPLEX_RAY_REPLICAS): one per GPU, or per group of CPU cores."""
 
-    ray_replica_cpus: float = 1.0
-    """CPUs Ray reserves for each engine replica (LORAPLEX_RAY_REPLICA_CPUS; 0 reserves none)."""
+    ray_replica_cpus: float | None = None
+    """CPUs Ray reserves for each engine replica (LORAPLEX_RAY_REPLICA_CPUS; 0 reserves none); None: this
+    machine's cores shared equally among the replicas."""
 
     ray_replica_gpus: float = 0.0
     """GPUs Ray gives each engine replica (LORAPLEX_RAY_REPLICA_GPUS)."""
@@ -128,7 +129,7 @@ class Settings:
             engine=_choice(env, "LORAPLEX_ENGINE", ENGINE_KINDS),
             ray_address=env.get("LORAPLEX_RAY_ADDRESS") or None,
             ray_replicas=_int(env, "LORAPLEX_RAY_REPLICAS") or 1,
-            ray_replica_cpus=_amount(env, "LORAPLEX_RAY_REPLICA_CPUS", 1.0),
+            ray_replica_cpus=_amount(env, "LORAPLEX_RAY_REPLICA_CPUS", None),
             ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
@@ -175,7 +176,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     return number
 
 
-def _amount(env: Mapping[str, str], name: str, default: float) -> float:
+def _amount(env: Mapping[str, str], name: str, default: float | None) -> float | None:
     """A resource amount: a number of at least 0, fractions allowed (Ray shares a device between replicas)."""
     value = env.get(name)
     if not value:

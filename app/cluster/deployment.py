@@ -10,6 +10,7 @@ cluster, deploys the engine app if it is not running there (or updates it), and 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,8 +38,9 @@ class RaySettings:
     address: str | None = None
     """A Ray cluster to join ("auto", "ray://host:10001", ...); None starts a single-node Ray in this process."""
     num_replicas: int = 1
-    replica_cpus: float = 1.0
-    """CPUs Ray reserves for each replica (its torch threads follow, when at least 1)."""
+    replica_cpus: float | None = None
+    """CPUs Ray reserves for each replica (its torch threads follow, when at least 1); None: this machine's
+    cores shared equally among the replicas (a cluster's operator says how many its GPU nodes give each)."""
     replica_gpus: float = 0.0
 
 
@@ -67,15 +69,18 @@ def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> En
     if not owns_ray and _is_running(ENGINE_APP):  # another gateway deployed it: share it as it is
         logger.info("joining the running engine app %s", ENGINE_APP)
         return EngineDeployment(serve.get_app_handle(ENGINE_APP), directory, owns_ray)
-    if settings.replica_cpus >= 1 and config.num_threads is None:
-        config = replace(config, num_threads=int(settings.replica_cpus))
+    cpus = settings.replica_cpus
+    if cpus is None:
+        cpus = float(max(1, (os.cpu_count() or 1) // settings.num_replicas))
+    if cpus >= 1 and config.num_threads is None:
+        config = replace(config, num_threads=int(cpus))
     replica = serve.deployment(EngineReplica).options(
         name="EngineReplica",
         num_replicas=settings.num_replicas,
         max_ongoing_requests=config.max_num_seqs,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
         ray_actor_options={
-            "num_cpus": settings.replica_cpus,
+            "num_cpus": cpus,
             "num_gpus": settings.replica_gpus,
             "runtime_env": {"env_vars": REPLICA_ENVIRONMENT},
         },
@@ -92,7 +97,11 @@ def _is_running(app_name: str) -> bool:
 
 
 def shut_down(deployment: EngineDeployment) -> None:
-    """Stop what this process started: all of Ray when it started it; nothing on a shared cluster."""
+    """Stop what this process started: all of Ray when it started it; nothing on a shared cluster.
+
+    Its own Ray goes down with ``ray.shutdown()`` alone, which ends Serve's processes with it: this
+    gateway's requests were ended already, and ``serve.shutdown()`` first took 30 s here (Serve's
+    controller timed out draining a router that runs on the gateway's event loop).
+    """
     if deployment.owns_ray:
-        serve.shutdown()
         ray.shutdown()

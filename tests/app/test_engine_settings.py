@@ -22,7 +22,7 @@ def test_ray_settings_are_read_with_their_defaults() -> None:
     assert (settings.ray_address, settings.ray_replicas, settings.ray_replica_cpus, settings.ray_replica_gpus) == (
         None,
         1,
-        1.0,
+        None,
         0.0,
     )
     settings = Settings.from_env(
