@@ -45,6 +45,8 @@ USAGE_REUSE_S = 10.0  # a month read from usage_events also seeds the requests t
 MONTH_KEEP_S = 7 * 86_400  # a month's counter outlives the month by a week: long runs that straddle it settle there
 STORE_ERRORS = (RedisError, OSError)  # OSError: a socket error redis-py did not wrap
 NO_LIMIT = -1
+ADMIT_FIELDS = 8  # per level in the admission's reply: requests, their wait, tokens, theirs, running, used, newest x2
+SETTLE_FIELDS = 4  # per level in the settle's reply: requests, newest, tokens, newest
 
 
 class RedisStore:
@@ -86,11 +88,11 @@ class RedisStore:
 
     async def take(self, asks: Sequence[Ask], num_tokens: int, month: Month) -> tuple[list[Seen], Settle | None]:
         tenant_id = asks[0].tenant_id
-        await self._settled(tenant_id)
         kinds = set().union(*(kinds_of(ask.limits) for ask in asks))
-        if self._failures.is_down:
+        if self._failures.is_down:  # settles still try Redis (off the request path); admissions do not wait
             self._failures.admit_anyway(kinds)
             return [NOTHING_SEEN] * len(asks), _nothing
+        await self._settled(tenant_id)
         charge = _Charge(uuid.uuid4().hex, tenant_id, [ask.level_id for ask in asks], keys_of(asks, month), kinds)
         try:
             reply = await self._admit_seeded(charge, asks, num_tokens, month)
@@ -101,7 +103,9 @@ class RedisStore:
             self._failures.failed(error)
             self._failures.admit_anyway(kinds)
             return [NOTHING_SEEN] * len(asks), _nothing
-        admitted, at, levels = bool(reply[0]), float(reply[1]), reply[2]
+        fields = reply.split()
+        admitted, at = fields[0] == b"1", float(fields[1])
+        levels = [fields[i : i + ADMIT_FIELDS] for i in range(2, len(fields), ADMIT_FIELDS)]
         seen = [_seen_of(level) for level in levels]
         local_at = time.monotonic()
         for level_id, level, level_seen in zip(charge.level_ids, levels, seen, strict=True):
@@ -123,7 +127,7 @@ class RedisStore:
         self._leases.add(Lease(charge.lease_id, tenant_id, lease_keys, frozenset(kinds)))
         return seen, partial(self._settle_admission, charge, at, num_tokens)
 
-    async def _admit_seeded(self, charge: _Charge, asks: Sequence[Ask], num_tokens: int, month: Month) -> list:
+    async def _admit_seeded(self, charge: _Charge, asks: Sequence[Ask], num_tokens: int, month: Month) -> bytes:
         """The admission script's reply, after seeding the month's counters it found missing from ``usage_events``."""
         month_ttl_s = int((month.end - month.now).total_seconds()) + MONTH_KEEP_S
         recorded: dict[int, int] = {}
@@ -132,9 +136,9 @@ class RedisStore:
             for index, ask in enumerate(asks):
                 args += [*_limit_args(ask.limits), recorded.get(index, ""), month_ttl_s]
             reply = await self._admit(keys=charge.keys, args=args)
-            if reply[0] != b"missing":
+            if not reply.startswith(b"missing"):
                 return reply
-            for index in reply[1]:
+            for index in map(int, reply.split()[1:]):
                 ask = asks[index]
                 recorded[index] = await self._reads.read(ask.tenant_id, ask.key_id, month.start, month.end)
 
@@ -188,9 +192,14 @@ class RedisStore:
             self._failures.failed(error)
             self._failures.lost("settle", charge.kinds)
             return
-        at, local_at = float(reply[0]), time.monotonic()
-        for level_id, level in zip(charge.level_ids, reply[1], strict=True):
-            observed = Observed(at, local_at, level[0], _time_or_none(level[1]), level[2], _time_or_none(level[3]))
+        fields = reply.split()
+        at, local_at = float(fields[0]), time.monotonic()
+        levels = [fields[i : i + SETTLE_FIELDS] for i in range(1, len(fields), SETTLE_FIELDS)]
+        for level_id, level in zip(charge.level_ids, levels, strict=True):
+            num_requests, num_tokens = int(level[0]), int(level[2])
+            observed = Observed(
+                at, local_at, num_requests, _time_or_none(level[1]), num_tokens, _time_or_none(level[3])
+            )
             self._seen.observe(level_id, observed)
 
     async def _renew_leases(self, leases: list[Lease]) -> None:
@@ -237,17 +246,17 @@ def _limit_args(limits: Limits) -> list[int]:
     return [NO_LIMIT if value is None else value for value in values]
 
 
-def _seen_of(level: list) -> Seen:
+def _seen_of(level: list[bytes]) -> Seen:
     num_requests, requests_wait, num_tokens, tokens_wait, num_running, num_used = level[:6]
     return Seen(
-        num_requests=num_requests,
+        num_requests=int(num_requests),
         requests_wait_s=float(requests_wait),
-        num_tokens=num_tokens,
+        num_tokens=int(num_tokens),
         tokens_wait_s=float(tokens_wait),
-        num_running=num_running,
-        num_month_used=None if num_used == NO_LIMIT else num_used,
+        num_running=int(num_running),
+        num_month_used=None if int(num_used) == NO_LIMIT else int(num_used),
     )
 
 
 def _time_or_none(value: bytes) -> float | None:
-    return float(value) if value else None
+    return None if value == b"-" else float(value)

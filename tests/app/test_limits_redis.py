@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from app.errors import RateLimitError, ServiceUnavailableError
+from app.errors import InsufficientQuotaError, RateLimitError, ServiceUnavailableError
 from app.limits.backend_failure import BackendFailures, FailurePolicy
 from app.limits.factory import failure_policy, open_limiter, redis_client
 from app.limits.limiter import Admission, Limiter
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.anyio
 
 SHORT_TTL_S = 0.5  # leases that lapse quickly, renewed every ~0.17 s while their replica lives
 RETRY_S = 0.05  # how long a replica leaves a failed Redis alone, shortened for the outage tests
+SETTLE_WAIT_S = 5.0  # a settle reaches Redis in milliseconds; this is for a machine busy with other tests
 
 
 class Replicas:
@@ -65,7 +66,7 @@ async def replicas(redis_url: str) -> AsyncIterator[Replicas]:
 
 
 @pytest.fixture
-def own_redis() -> RedisServer:
+def own_redis() -> Iterator[RedisServer]:
     """A Redis of the test's own, to stop and start (the session's stays up for the others)."""
     with real_redis() as server:
         yield server
@@ -74,8 +75,17 @@ def own_redis() -> RedisServer:
 async def admitted(limiter: Limiter, principal, num_prompt: int = 1, max_tokens: int = 1) -> Admission | None:
     try:
         return await limiter.admit(principal, num_prompt, max_tokens)
-    except RateLimitError:
+    except (RateLimitError, InsufficientQuotaError):
         return None
+
+
+async def admitted_soon(limiter: Limiter, principal, num_prompt: int = 1, max_tokens: int = 1) -> Admission:
+    """Admitted once another replica's settle has reached Redis (it goes as a task, a round trip later)."""
+    deadline = time.monotonic() + SETTLE_WAIT_S
+    while (admission := await admitted(limiter, principal, num_prompt, max_tokens)) is None:
+        assert time.monotonic() < deadline, "still refused: the other replica's settle never reached Redis"
+        await asyncio.sleep(0.01)
+    return admission
 
 
 async def test_two_replicas_let_through_no_more_than_the_rpm_together(replicas) -> None:
@@ -94,8 +104,7 @@ async def test_the_concurrency_limit_holds_across_replicas(replicas) -> None:
     for limiter in (first, second):
         assert "Limit 2, Running 2" in (await refused(limiter, principal)).message
     running[0].settle(2)  # settled on the first replica, taken on the second
-    await asyncio.sleep(0.05)  # the settle reaches Redis as a task
-    await second.admit(principal, 1, 1)
+    await admitted_soon(second, principal)
     await refused(first, principal)
 
 
@@ -114,8 +123,7 @@ async def test_a_stopped_replicas_lease_lapses_after_the_ttl_and_a_live_ones_doe
     await asyncio.sleep(3 * SHORT_TTL_S)  # the live replica renews its lease meanwhile
     assert "Running 1" in (await refused(other, key_principal)).message
     held.settle(2)
-    await asyncio.sleep(0.05)
-    await other.admit(key_principal, 1, 1)
+    await admitted_soon(other, key_principal)
 
 
 async def test_a_budget_is_read_once_and_shared_by_the_replicas(replicas) -> None:
@@ -125,10 +133,10 @@ async def test_a_budget_is_read_once_and_shared_by_the_replicas(replicas) -> Non
     running = await first.admit(principal, 50, 40)  # 990 of 1000
     error = await refused(second, principal, 5, 10)
     assert "used 990 of its 1000 tokens" in error.message
-    running.settle(50 + 30)
-    await asyncio.sleep(0.05)
-    (await second.admit(principal, 5, 5)).settle(10)  # 990
-    await refused(first, principal, 5, 6)
+    running.settle(50 + 30)  # 980: the second replica's next 15 fit only once this reached Redis
+    (await admitted_soon(second, principal, 5, 10)).settle(15)
+    await refused(first, principal, 5, 1)
+    await first.admit(principal, 2, 3)  # exactly 1000
     assert len(replicas.usage.reads) == 1
 
 
@@ -190,7 +198,10 @@ async def test_a_settle_redis_does_not_take_is_counted_as_lost(own_redis) -> Non
         admission = await limiter.admit(caller(Limits(max_concurrent=4)), 1, 1)
         own_redis.stop()
         admission.settle(2)
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while replicas.errors("concurrency", "lost") == 0:
+            assert time.monotonic() < deadline, "the lost settle was not counted"
+            await asyncio.sleep(0.01)
         assert replicas.errors("concurrency", "lost") == 1
     finally:
         await replicas.close()
