@@ -13,10 +13,7 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import asyncpg
@@ -27,41 +24,12 @@ from app.db.database import Database
 from app.db.tables import Tenant
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
-from tests.app.live_server import free_port
+from tests.app.served_process import START_TIMEOUT_S, served
 
 NUM_STREAMS = 50
-START_TIMEOUT_S = 120.0
 PROMPT = "Write one short sentence about the sea."
 # uvicorn re-raises the signal once its shutdown is complete, as a process ended by SIGTERM should.
 CLEAN_EXITS = (0, -signal.SIGTERM)
-
-
-@contextmanager
-def served(home: Path, env: dict[str, str], grace_s: int, log: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`loraplex serve` on a free loopback port, ready to answer; killed if the test leaves it running."""
-    port = free_port()
-    command = [str(Path(sys.executable).parent / "loraplex"), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    with log.open("ab") as output:
-        process = subprocess.Popen(
-            command, env={**env, "LORAPLEX_SHUTDOWN_GRACE_S": str(grace_s)}, stdout=output, stderr=output
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert process.poll() is None, f"the server exited at start:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the server did not start:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/ready", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield process, url
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 async def _stream(client: httpx.AsyncClient, body: dict, key: str, started: asyncio.Queue) -> tuple[str, list[str]]:
