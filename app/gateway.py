@@ -11,6 +11,7 @@ from pathlib import Path
 
 from litestar import Litestar
 
+from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
@@ -56,6 +57,8 @@ class Gateway:
     """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
     adapters: AdapterService = field(init=False)
     """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
+    announcements: AdapterAnnouncements = field(init=False)
+    """Applies adapter deletes, unloads and pins announced by any replica (this one included)."""
     demo: DemoAccess | None = None
 
 
@@ -118,7 +121,7 @@ async def run_gateway(
             await engine.start()
             stack.push_async_callback(engine.stop)
         metrics = GatewayMetrics()
-        resolver = ModelResolver(database, engine)
+        resolver = ModelResolver(database, engine, settings.home)
         limiter = await stack.enter_async_context(
             open_limiter(settings, usage_loader(database), metrics.limit_backend_errors)
         )
@@ -138,6 +141,11 @@ async def run_gateway(
         )
         gateway.adapters = AdapterService(gateway)
         stack.push_async_callback(gateway.adapters.close)
+        gateway.announcements = announcements = AdapterAnnouncements(
+            database, engine, resolver, gateway.adapters.retire, gateway.adapters.unload_here
+        )
+        await announcements.start()
+        stack.push_async_callback(announcements.stop)
         if settings.demo:
             gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
         if settings.admin_key:

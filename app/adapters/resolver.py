@@ -5,6 +5,10 @@ else, including another tenant's adapter, is the same 404, so a caller learns no
 other tenants have. Lookups are cached for a second, so a request usually makes no query while a
 deleted adapter disappears within that second. While the database does not answer, the last lookup of
 a name stands (requests for adapters in use keep working); a name never looked up gets 503.
+
+Before registering an adapter in the engine, the resolver makes sure its local cache folder holds the
+right bytes (app/adapters/local_cache.py), so a replica serves adapters uploaded through another one; an
+adapter an admin pinned (``adapters.pinned``) is pinned in the engine as it is registered.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.adapters.local_cache import ensure_local
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import EngineClient
@@ -51,15 +56,17 @@ class ResolvedModel:
 @dataclass(frozen=True, slots=True)
 class _AdapterRecord:
     adapter_id: uuid.UUID
-    storage_path: Path
+    digest: str
+    pinned: bool
 
 
 class ModelResolver:
     """Maps (tenant, model name) to what the engine runs, loading adapters into the engine on demand."""
 
-    def __init__(self, database: Database, engine: EngineClient) -> None:
+    def __init__(self, database: Database, engine: EngineClient, home: Path) -> None:
         self.database = database
         self.engine = engine
+        self.home = home  # the data folder, whose adapters/<digest> folders cache the adapter files
         self._cache: dict[tuple[uuid.UUID, str], tuple[float, _AdapterRecord | None]] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._num_loading: dict[str, int] = {}  # callers inside or waiting for each lock of ``_loading``
@@ -74,7 +81,7 @@ class ModelResolver:
         if record is None:
             raise ModelNotFoundError(model)
         resolved = ResolvedModel(model, record.adapter_id)
-        if not await self._ensure_loaded(resolved.engine_adapter, record.storage_path):
+        if not await self._ensure_loaded(resolved.engine_adapter, record.digest, record.pinned):
             raise ModelNotFoundError(model)  # deleted while this request was looking it up
         return resolved
 
@@ -96,15 +103,19 @@ class ModelResolver:
         """Drop a cached lookup at once (after this process changed the adapter)."""
         self._cache.pop((tenant_id, model), None)
 
-    async def ensure_loaded(self, adapter_id: uuid.UUID, path: Path) -> bool:
+    async def ensure_loaded(self, adapter_id: uuid.UUID, digest: str, pinned: bool = False) -> bool:
         """Register an adapter in the engine unless it is there already (admin load); False if it was retired."""
-        return await self._ensure_loaded(str(adapter_id), path)
+        return await self._ensure_loaded(str(adapter_id), digest, pinned)
 
     def retire(self, adapter_id: uuid.UUID) -> None:
         """Never register this (deleted) adapter again; requests that still resolve it get 404."""
         self._retired[str(adapter_id)] = None
         if len(self._retired) > MAX_RETIRED:
             self._retired.popitem(last=False)
+
+    def is_retired(self, adapter_id: uuid.UUID) -> bool:
+        """True once :meth:`retire` was called for this adapter (and it is among the last ``MAX_RETIRED``)."""
+        return str(adapter_id) in self._retired
 
     def is_loading(self, adapter_id: uuid.UUID) -> bool:
         """True while a registration of this adapter in the engine is under way."""
@@ -116,7 +127,7 @@ class ModelResolver:
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < CACHE_TTL_S:
             return cached[1]
-        query = select(Adapter.id, Adapter.storage_path).where(
+        query = select(Adapter.id, Adapter.digest, Adapter.pinned).where(
             Adapter.tenant_id == tenant_id, Adapter.name == model, Adapter.status == "ready"
         )
         try:
@@ -126,14 +137,16 @@ class ModelResolver:
             if cached is not None and now - cached[0] < STALE_IF_ERROR_S:
                 return cached[1]  # the database is away: the last answer stands
             raise _database_unavailable(f"the model `{model}` could not be looked up", error) from error
-        record = None if row is None else _AdapterRecord(row.id, Path(row.storage_path))
+        record = None if row is None else _AdapterRecord(row.id, row.digest, row.pinned)
         if len(self._cache) >= MAX_CACHE_ENTRIES:
             self._cache.pop(next(iter(self._cache)))
         self._cache[key] = (now, record)
         return record
 
-    async def _ensure_loaded(self, engine_name: str | None, path: Path) -> bool:
-        """Register the adapter if the engine lacks it; False (and nothing done) when it was retired.
+    async def _ensure_loaded(self, engine_name: str | None, digest: str, pinned: bool) -> bool:
+        """Register the adapter (from its local cache folder, filled if needed) if the engine lacks it.
+
+        False (and nothing done) when it was retired.
 
         The retired check and the entry in ``_loading`` happen with no await between them, so once
         :meth:`retire` returns, a registration is either visible through :meth:`is_loading` or never starts.
@@ -151,7 +164,10 @@ class ModelResolver:
                 if engine_name in self._retired:
                     return False
                 if not self.engine.has_adapter(engine_name):
+                    path = await ensure_local(self.database, self.home, digest)
                     await self.engine.add_adapter(engine_name, path)
+                    if pinned:
+                        await self.engine.pin_adapter(engine_name, True)
                     logger.info("adapter %s registered in the engine from %s", engine_name, path)
         finally:
             self._num_loading[engine_name] -= 1

@@ -1,4 +1,8 @@
-"""The adapter store: PEFT folders kept in the data folder by content digest, and their table rows."""
+"""The adapter store: PEFT folders in the data folder by content digest, and their table rows.
+
+The folders are a local cache: the files themselves are recorded in PostgreSQL (app/adapters/file_rows.py)
+with the row, and app/adapters/local_cache.py refills a folder that is missing or damaged.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.adapters.file_rows import save_files
 from app.db.tables import Adapter
 from app.engine_client import AdapterInfo, EngineClient
 
@@ -100,9 +105,10 @@ def adapter_row(tenant_id: uuid.UUID, name: str, base_model: str, info: AdapterI
 async def register_adapter(
     session: AsyncSession, engine: EngineClient, home: Path, *, tenant_id: uuid.UUID, name: str, source: Path
 ) -> Adapter:
-    """Validate ``source`` with the engine, store its files by digest, and add the tenant's row."""
+    """Validate ``source`` with the engine, store its files by digest (table and cache), and add the tenant's row."""
     info = await engine.validate_adapter(source)
     folder = copy_into_store(source, home, info.digest)
+    await save_files(session, folder, info.digest)
     adapter = adapter_row(tenant_id, name, engine.model_name, info, folder)
     session.add(adapter)
     await session.flush()

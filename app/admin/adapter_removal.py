@@ -2,8 +2,11 @@
 
 A deleted adapter is retired in the resolver at once (new requests get 404). Requests in flight hold the
 engine's copy and finish; the copy is removed when idle: one try at once, then every ``REMOVE_RETRY_S``
-in a background task, for up to ``REMOVE_TIMEOUT_S``. Then the stored folder goes, unless a live row (or
-another deleted adapter still in the engine) uses its digest.
+in a background task, for up to ``REMOVE_TIMEOUT_S``. Then its files go, the ``adapter_files`` row and
+the local cache folder, unless a live row (or another deleted adapter still in the engine) uses its digest.
+
+Retiring is idempotent: a replica hears its own delete announced (app/adapters/announcements.py), and a
+second retire of an adapter already on its way out changes nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +15,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
-
+from app.adapters.file_rows import drop_files_if_unused
 from app.adapters.store import remove_stored
-from app.db.tables import Adapter
 from engine.errors import AdapterBusyError, UnknownAdapterError
 
 if TYPE_CHECKING:
@@ -34,26 +34,35 @@ REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this th
 class AdapterRemovals:
     """The deleted adapters the engine may still hold, and the background tasks waiting to remove them."""
 
-    def __init__(
-        self, gateway: Gateway, store_lock: asyncio.Lock, on_removed: Callable[[uuid.UUID], None]
-    ) -> None:
+    def __init__(self, gateway: Gateway, store_lock: asyncio.Lock) -> None:
         self.database = gateway.database
         self.engine = gateway.engine
         self.resolver = gateway.resolver
         self.settings = gateway.settings
         self.timeout_s = REMOVE_TIMEOUT_S
         self._store_lock = store_lock  # moving into the store and recording, against removing stored folders
-        self._on_removed = on_removed  # told of every adapter the engine no longer holds
         self._held: dict[uuid.UUID, str] = {}  # deleted adapters the engine may still hold → their digest
         self._tasks: set[asyncio.Task[None]] = set()
+        self._first_tries: dict[uuid.UUID, asyncio.Future[None]] = {}  # retires whose first try is under way
 
     async def retire(self, adapter_id: uuid.UUID, digest: str) -> None:
         """Stop new use of an adapter marked deleted; remove it from the engine now if idle, else when it is.
 
-        Its files leave the store too, unless another live adapter has the same digest.
+        Its files leave the store too, unless another live adapter has the same digest. A second call while
+        the first one's try is under way waits for that try, so both return with the same outcome.
         """
         self.resolver.retire(adapter_id)
-        self._held[adapter_id] = digest
+        first = self._first_tries.get(adapter_id)
+        if first is None:
+            if adapter_id in self._held:
+                return  # waiting in the background for its last request already
+            self._held[adapter_id] = digest
+            first = asyncio.ensure_future(self._first_try(adapter_id))
+            self._first_tries[adapter_id] = first
+            first.add_done_callback(lambda _done: self._first_tries.pop(adapter_id, None))
+        await asyncio.shield(first)
+
+    async def _first_try(self, adapter_id: uuid.UUID) -> None:
         if await self.try_remove(adapter_id) is None:
             await self._released(adapter_id)
             return
@@ -74,7 +83,15 @@ class AdapterRemovals:
             except UnknownAdapterError:
                 pass  # removed meanwhile: what was asked for
             logger.info("adapter %s removed from the engine", name)
-        self._on_removed(adapter_id)
+        return None
+
+    async def remove_within(self, adapter_id: uuid.UUID, wait_s: float) -> AdapterBusyError | None:
+        """Remove the adapter from the engine, retrying up to ``wait_s`` while requests use it; the last refusal."""
+        deadline = time.monotonic() + wait_s
+        while (busy := await self.try_remove(adapter_id)) is not None:
+            if time.monotonic() >= deadline:
+                return busy
+            await asyncio.sleep(REMOVE_RETRY_S)
         return None
 
     async def _remove_when_idle(self, adapter_id: uuid.UUID) -> None:
@@ -97,20 +114,25 @@ class AdapterRemovals:
 
     async def _released(self, adapter_id: uuid.UUID) -> None:
         """The engine no longer holds this deleted adapter: drop its files unless another adapter uses them."""
-        digest = self._held.pop(adapter_id)
+        digest = self._held.pop(adapter_id, None)
+        if digest is None:
+            return
         async with self._store_lock:
             if digest in self._held.values():
                 return
-            live = select(func.count()).select_from(Adapter).where(Adapter.digest == digest, Adapter.status != DELETED)
-            async with self.database.sessions() as session:
-                if await session.scalar(live):
+            async with self.database.sessions() as session, session.begin():
+                if not await drop_files_if_unused(session, digest):
                     return
             await asyncio.to_thread(remove_stored, self.settings.home, digest)
 
     async def wait(self, timeout_s: float | None = None) -> None:
         """Wait until the engine copies of deleted adapters are removed (or ``timeout_s`` passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._first_tries:  # a first try may still hand its adapter to a background task
+            await asyncio.wait(list(self._first_tries.values()), timeout=timeout_s)
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait(list(self._tasks), timeout=remaining)
 
     async def close(self) -> None:
         """Stop the background removals (at shutdown); the engine copies they waited for stay."""

@@ -4,7 +4,8 @@ Every change writes one audit row in the transaction that makes it (load, unload
 so their audit row is the transaction).
 
 Upload: the form is streamed into a private staging folder (app/admin/upload.py), validated by the engine,
-and only then moved into the store by digest, recorded (row and audit row) and registered in the engine,
+and only then moved into the local store by digest, recorded (its files row in ``adapter_files``, the
+adapter row and the audit row, one transaction) and registered in the engine,
 so the owner's keys can use it at once. Any failure leaves nothing behind: the staging folder always goes,
 a stored folder this upload created goes, the transaction rolls back, the engine forgets the adapter.
 
@@ -14,11 +15,15 @@ engine's copy and the stored files go when no request uses them (app/admin/adapt
 Unload of an adapter that requests are using waits up to ``UNLOAD_WAIT_S`` for them, then answers 409
 saying how many requests use it; nothing is aborted.
 
-Pins: the EngineClient interface reports no per-adapter state, so this service remembers which adapters
-an admin pinned; ``pinned`` is reported only while the adapter is registered in the engine (an adapter
-that leaves the engine, by unload or delete, loses its pin).
+Pins are stored in ``adapters.pinned`` (what the API reports); the engine here is pinned at once and every
+other replica's when it hears the announcement, or when it registers the adapter. An adapter that leaves
+the engines, by unload or delete, loses its pin.
 
-This service holds per-process state (pins, pending removals, the store lock), so there is one per app.
+Deletes, unloads and pins are announced to every replica (app/adapters/announcements.py) in the
+transaction that records them; this replica hears its own announcements too, and applying them twice
+changes nothing.
+
+This service holds per-process state (pending removals, the store lock), so there is one per app.
 """
 
 from __future__ import annotations
@@ -27,18 +32,19 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.adapters.announcements import Op, announce
+from app.adapters.file_rows import save_files
 from app.adapters.store import adapter_row, move_into_store, remove_stored, uploads_root
-from app.admin.adapter_removal import DELETED, REMOVE_RETRY_S, AdapterRemovals
+from app.admin.adapter_removal import DELETED, AdapterRemovals
 from app.admin.audit import record_change
 from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.admin.upload import AdapterUpload, staged_upload
@@ -104,9 +110,8 @@ class AdapterService:
         self.resolver = gateway.resolver
         self.settings = gateway.settings
         self.unload_wait_s = UNLOAD_WAIT_S
-        self._pins: set[uuid.UUID] = set()
         self._store_lock = asyncio.Lock()  # moving into the store and recording, against removing stored folders
-        self.removals = AdapterRemovals(gateway, self._store_lock, on_removed=self._pins.discard)
+        self.removals = AdapterRemovals(gateway, self._store_lock)
         self._validations = asyncio.Semaphore(MAX_CONCURRENT_VALIDATIONS)
 
     # Reading -----------------------------------------------------------------------------------------
@@ -206,7 +211,10 @@ class AdapterService:
                     if old is not None:
                         before = self._out(old).audit_record()
                         old.status = DELETED
+                        old.pinned = False
                         await session.flush()  # before the insert: the live name is unique
+                        await announce(session, Op.DELETE, old.id, old.digest)
+                    await save_files(session, folder, info.digest)
                     row = adapter_row(tenant_id, upload.name, self.engine.model_name, info, folder)
                     session.add(row)
                     await session.flush()
@@ -241,7 +249,9 @@ class AdapterService:
                 raise NotFoundError(f"The adapter {adapter_id} is already deleted.", param="adapter_id")
             before = self._out(row).audit_record()
             row.status = DELETED
-            record_change(session, actor, "adapter.delete", "adapter", row.id, before, {**before, "status": DELETED})
+            row.pinned = False
+            await announce(session, Op.DELETE, row.id, row.digest)
+            record_change(session, actor, "adapter.delete", "adapter", row.id, before, self._out(row).audit_record())
         self.resolver.forget(row.tenant_id, row.name)
         await self.retire(row.id, row.digest)
         logger.info("adapter %s (%s) of tenant %s deleted", row.name, row.id, row.tenant_id)
@@ -264,35 +274,36 @@ class AdapterService:
         """Remove the adapter from the engine (the next request loads it again); 409 while requests use it."""
         row = await self._live_row(adapter_id)
         before = self._out(row)
-        deadline = time.monotonic() + self.unload_wait_s
-        while (busy := await self.removals.try_remove(row.id)) is not None:
-            if time.monotonic() >= deadline:
-                used_by = re.search(r"used by (\d+)", str(busy))
-                users = f"{used_by[1]} request(s) are" if used_by else "requests are"
-                raise AdapterInUseError(
-                    f"The adapter {row.name!r} ({row.id}) was not unloaded: {users} using it after "
-                    f"{self.unload_wait_s:g} s of waiting. Retry later; nothing was changed."
-                )
-            await asyncio.sleep(REMOVE_RETRY_S)
-        return await self._audited(actor, "adapter.unload", row, before)
+        if (busy := await self.removals.remove_within(row.id, self.unload_wait_s)) is not None:
+            used_by = re.search(r"used by (\d+)", str(busy))
+            users = f"{used_by[1]} request(s) are" if used_by else "requests are"
+            raise AdapterInUseError(
+                f"The adapter {row.name!r} ({row.id}) was not unloaded: {users} using it after "
+                f"{self.unload_wait_s:g} s of waiting. Retry later; nothing was changed."
+            )
+        return await self._audited(actor, "adapter.unload", row, before, Op.UNLOAD)
+
+    async def unload_here(self, adapter_id: uuid.UUID) -> None:
+        """Another replica's unload, applied to this engine: wait up to ``unload_wait_s`` for its requests."""
+        if (busy := await self.removals.remove_within(adapter_id, self.unload_wait_s)) is not None:
+            logger.warning("announced unload of adapter %s not applied here: %s", adapter_id, busy)
 
     async def pin(self, actor: Principal, adapter_id: uuid.UUID, pinned: bool) -> AdapterOut:
-        """Pin: register and keep resident in the engine's pool; unpin: let it be evicted again."""
+        """Pin: register and keep resident in every replica's pool (stored, announced); unpin: evictable again."""
         row = await self._live_row(adapter_id)
         before = self._out(row)
         name = str(row.id)
         if pinned:
             await self._register(row)
-            await self.engine.pin_adapter(name, True)
-            self._pins.add(row.id)
-        else:
-            if self.engine.has_adapter(name):
-                await self.engine.pin_adapter(name, False)
-            self._pins.discard(row.id)
-        return await self._audited(actor, "adapter.pin" if pinned else "adapter.unpin", row, before)
+        out = await self._audited(
+            actor, "adapter.pin" if pinned else "adapter.unpin", row, before, Op.PIN if pinned else Op.UNPIN
+        )
+        if pinned or self.engine.has_adapter(name):
+            await self.engine.pin_adapter(name, pinned)
+        return out
 
     async def _register(self, row: Adapter) -> None:
-        if not await self.resolver.ensure_loaded(row.id, Path(row.storage_path)):
+        if not await self.resolver.ensure_loaded(row.id, row.digest, row.pinned):
             raise _no_adapter(row.id)  # deleted meanwhile
 
     async def _live_row(self, adapter_id: uuid.UUID) -> Adapter:
@@ -304,15 +315,21 @@ class AdapterService:
             raise AdapterNotReadyError(f"The adapter {row.name!r} ({row.id}) is {row.status}; upload it again.")
         return row
 
-    async def _audited(self, actor: Principal, action: str, row: Adapter, before: AdapterOut) -> AdapterOut:
-        after = self._out(row)
+    async def _audited(
+        self, actor: Principal, action: str, row: Adapter, before: AdapterOut, op: Op | None = None
+    ) -> AdapterOut:
+        """Write the audit row; with ``op``, also store the pin it implies and announce it, in one transaction."""
         async with self.database.sessions() as session, session.begin():
+            if op is not None:
+                row.pinned = op is Op.PIN  # unload and unpin both leave the adapter unpinned
+                await session.execute(update(Adapter).where(Adapter.id == row.id).values(pinned=row.pinned))
+                await announce(session, op, row.id, row.digest)
+            after = self._out(row)
             record_change(session, actor, action, "adapter", row.id, before.audit_record(), after.audit_record())
         return after
 
     def _out(self, row: Adapter) -> AdapterOut:
-        loaded = self.engine.has_adapter(str(row.id))
-        return AdapterOut.of(row, loaded=loaded, pinned=loaded and row.id in self._pins)
+        return AdapterOut.of(row, loaded=self.engine.has_adapter(str(row.id)), pinned=row.pinned)
 
     # Lifetime ----------------------------------------------------------------------------------------
 

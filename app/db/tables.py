@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Float,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    false,
     func,
     text,
 )
@@ -79,7 +81,7 @@ class ApiKey(Base):
 
 
 class Adapter(Base):
-    """A tenant's LoRA adapter; the files live at ``storage_path``, named by their content digest."""
+    """A tenant's LoRA adapter; its files are the ``adapter_files`` row of its digest (``storage_path``: a cache)."""
 
     __tablename__ = "adapters"
     __table_args__ = (
@@ -101,6 +103,26 @@ class Adapter(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     storage_path: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Kept resident in every replica's engine (an admin's pin); announced to replicas on change."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class AdapterFile(Base):
+    """An adapter's two files, by content digest: the source of truth every replica's local cache fills from.
+
+    ``bytea`` rather than large objects: plain ``pg_dump`` holds them with the rows, they come and go in
+    the transaction that records the adapter, and nothing is left to ``lo_unlink``. A ``bytea`` value is
+    at most 1 GB, above ``LORAPLEX_MAX_ADAPTER_MB`` (512 MiB by default); uploads are refused past that.
+    """
+
+    __tablename__ = "adapter_files"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    config: Mapped[bytes] = mapped_column(LargeBinary)
+    weights: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    """Bytes of the two files together."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

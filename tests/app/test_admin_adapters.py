@@ -144,8 +144,7 @@ async def test_list_get_load_unload_pin_delete_round_trip(gateway_settings, defa
         assert not (gateway_settings.home / "adapters" / first["digest"]).exists()
         assert (gateway_settings.home / "adapters" / second["digest"]).is_dir()
         # A request that read the row just before the delete cannot bring the adapter back into the engine.
-        stale_folder = gateway_settings.home / "adapters" / second["digest"]
-        assert await gateway.resolver.ensure_loaded(uuid.UUID(first["id"]), stale_folder) is False
+        assert await gateway.resolver.ensure_loaded(uuid.UUID(first["id"]), second["digest"]) is False
         assert not default_engine.has_adapter(first["id"])
         for action in ("load", "unload", "pin"):
             assert (await client.post(f"{url}/{action}", headers=admin.headers)).status_code == 404

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from pathlib import Path
 
 import asyncpg
+from alembic import command
 
-from app.db.migrate import upgrade
+from app.db.migrate import alembic_config, upgrade
+from engine.lora_adapter import adapter_digest
+from tests.app.postgres import truncate_all
 
 
 def _columns(url: str) -> dict[str, set[str]]:
@@ -72,5 +77,54 @@ def test_upgrade_builds_the_documented_tables_and_is_idempotent(database_url: st
         "monthly_token_budget",
         "fair_share_weight",
     } <= columns["tenants"]
-    assert {"id", "tenant_id", "name", "base_model", "rank", "alpha", "target_modules", "digest"} <= columns["adapters"]
+    assert {"id", "tenant_id", "name", "base_model", "rank", "alpha", "target_modules", "digest", "pinned"} <= columns[
+        "adapters"
+    ]
+    assert {"digest", "config", "weights", "size_bytes", "created_at"} <= columns["adapter_files"]
     assert {"actor_key_id", "action", "before", "after"} <= columns["audit_log"]
+
+
+def _fetch(url: str, query: str, *args: object) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        connection = await asyncpg.connect(url)
+        try:
+            return await connection.fetch(query, *args)
+        finally:
+            await connection.close()
+
+    return asyncio.run(run())
+
+
+def test_0004_moves_stored_adapters_into_postgres_and_leaves_missing_ones(database_url: str, tmp_path: Path) -> None:
+    config, weights = b'{"r": 4, "peft_type": "LORA"}', b"\x00weights\xff" * 1000
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    (stored / "adapter_config.json").write_bytes(config)
+    (stored / "adapter_model.safetensors").write_bytes(weights)
+    digest = adapter_digest(config, weights)
+    lost = "f" * 64
+    command.downgrade(alembic_config(database_url), "0003")
+    try:
+        assert "adapter_files" not in _columns(database_url) and "pinned" not in _columns(database_url)["adapters"]
+        tenant = uuid.uuid4()
+        _fetch(database_url, "INSERT INTO tenants (id, name) VALUES ($1, 'acme')", tenant)
+        for name, row_digest, folder in (("kept", digest, stored), ("again", digest, stored), ("lost", lost, tmp_path)):
+            _fetch(
+                database_url,
+                "INSERT INTO adapters (id, tenant_id, name, base_model, rank, alpha, target_modules, digest, "
+                "size_bytes, storage_path) VALUES ($1, $2, $3, 'base', 4, 8, '{q_proj}', $4, 1, $5)",
+                uuid.uuid4(),
+                tenant,
+                name,
+                row_digest,
+                str(folder),
+            )
+        upgrade(database_url)
+        files = _fetch(database_url, "SELECT digest, config, weights, size_bytes FROM adapter_files")
+        assert [(f["digest"], f["config"], f["weights"], f["size_bytes"]) for f in files] == [
+            (digest, config, weights, len(config) + len(weights))
+        ]
+        assert {r["pinned"] for r in _fetch(database_url, "SELECT pinned FROM adapters")} == {False}
+    finally:
+        upgrade(database_url)
+        truncate_all(database_url)
