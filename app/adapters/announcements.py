@@ -98,10 +98,6 @@ class AdapterAnnouncements:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
-    async def wait_idle(self) -> None:
-        """Wait until everything heard so far is applied (tests)."""
-        await self._queue.join()
-
     # The connection ----------------------------------------------------------------------------------
 
     async def _listen(self) -> None:
@@ -109,7 +105,7 @@ class AdapterAnnouncements:
         while True:
             try:
                 connection = await self.database.connect_driver()
-            except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+            except Exception as error:  # any failure to connect is retried: the listener must outlive outages
                 logger.warning("adapter announcements: cannot connect (%s); retrying in %.1f s", error, backoff)
             else:
                 try:
@@ -117,6 +113,8 @@ class AdapterAnnouncements:
                     backoff = self.min_backoff_s  # it was up; the next drop starts over
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
                     logger.warning("adapter announcements: connection lost (%s); reconnecting", error)
+                except Exception:
+                    logger.exception("adapter announcements: listening failed; reconnecting")
                 finally:
                     self.backend_pid = None
                     with contextlib.suppress(Exception):
