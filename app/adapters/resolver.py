@@ -78,6 +78,10 @@ class ModelResolver:
         if "\x00" in model:  # no adapter has it in its name, and PostgreSQL refuses to compare text holding it
             raise ModelNotFoundError(model)
         record = await self._lookup(tenant_id, model)
+        if record is not None and self.is_retired(record.adapter_id):
+            # Read before a delete or a replacing upload, possibly another replica's: the row may name a new adapter.
+            self.forget(tenant_id, model)
+            record = await self._lookup(tenant_id, model)
         if record is None:
             raise ModelNotFoundError(model)
         resolved = ResolvedModel(model, record.adapter_id)

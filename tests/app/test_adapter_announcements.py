@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -203,3 +204,19 @@ async def test_a_replica_that_lost_its_connection_reconnects_and_catches_up(
         assert listener.backend_pid not in (None, pid)
         gone = await client_b.post(CHAT, json=chat_body("beta", max_tokens=1), headers=acme.headers)
         assert gone.status_code == 404
+
+
+async def test_a_replacing_upload_retires_the_old_adapter_on_the_other_replica(
+    replicas, replica_engine, tenant_adapters
+):
+    async with replicas() as r:
+        old = r.adapter
+        asked_at = time.perf_counter()
+        replaced = await upload(r.client_a, r.admin, r.acme.tenant_id, "alpha", tenant_adapters["beta"], replace="true")
+        assert replaced.status_code == 201, replaced.text
+        elapsed = await seconds_until(lambda: not replica_engine.has_adapter(old["id"]), asked_at)
+        logger.info("propagated a replacing upload in %.3f s", elapsed)
+        assert elapsed <= MAX_PROPAGATION_S
+        answer = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+        assert answer.status_code == 200 and replica_engine.has_adapter(replaced.json()["id"])  # the new one
+        assert r.gateway_b.resolver.is_retired(uuid.UUID(old["id"]))
