@@ -62,8 +62,10 @@ class Gateway:
     demo: DemoAccess | None = None
 
 
-def make_engine(settings: Settings) -> EngineClient:
+def make_engine(settings: Settings, database_url: str | None = None) -> EngineClient:
     """The engine client the settings ask for, on the configured model (pulled on first use when it is the default).
+
+    ``database_url`` is where Ray replicas fetch adapters from (the local engines read the data folder).
 
     In a worker process of its own (``LORAPLEX_ENGINE=local``, the default), on a thread of this one, or
     as replicas on Ray Serve (``LORAPLEX_ENGINE=ray``; Ray is imported only then).
@@ -85,7 +87,7 @@ def make_engine(settings: Settings) -> EngineClient:
         ray_settings = RaySettings(
             settings.ray_address, settings.ray_replicas, settings.ray_replica_cpus, settings.ray_replica_gpus
         )
-        return RayEngineClient(config, name, settings.home, ray_settings)
+        return RayEngineClient(config, name, settings.home, ray_settings, database_url)
     return ProcessEngineClient(config, name)
 
 
@@ -117,7 +119,7 @@ async def run_gateway(
         authenticator.start()
         stack.push_async_callback(authenticator.stop)
         if engine is None:
-            engine = make_engine(settings)
+            engine = make_engine(settings, url)
             await engine.start()
             stack.push_async_callback(engine.stop)
         metrics = GatewayMetrics()

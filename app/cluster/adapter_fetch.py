@@ -52,17 +52,22 @@ class AdapterFetcher:
         cached = self.cache_root / digest
         if cached.is_dir():
             return cached
-        if self.database_url is None:
-            config_bytes, weights_bytes = self._read_store(digest)
-        else:
-            config_bytes, weights_bytes = asyncio.run(_read_database(self.database_url, digest))
+        config_bytes, weights_bytes = self._read(digest)
         found = adapter_digest(config_bytes, weights_bytes)
         if found != digest:
             raise AdapterMismatchError(f"the stored adapter {digest[:12]} holds other bytes (digest {found[:12]})")
         self._write(cached, config_bytes, weights_bytes)
-        source = "the store" if self.database_url is None else "PostgreSQL"
-        logger.info("adapter %s fetched from %s into %s", digest[:12], source, self.cache_root)
+        logger.info("adapter %s fetched into %s", digest[:12], self.cache_root)
         return cached
+
+    def _read(self, digest: str) -> tuple[bytes, bytes]:
+        """The files from PostgreSQL when a URL is given, else (or when the database lacks them) the store."""
+        if self.database_url is not None:
+            try:
+                return asyncio.run(_read_database(self.database_url, digest))
+            except AdapterNotFoundError:
+                logger.info("adapter %s is not in adapter_files; reading the store folder", digest[:12])
+        return self._read_store(digest)
 
     def _read_store(self, digest: str) -> tuple[bytes, bytes]:
         source = self.store_root / digest

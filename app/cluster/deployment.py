@@ -52,8 +52,13 @@ class EngineDeployment:
     """This process started Ray, so it shuts Ray down when it stops."""
 
 
-def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> EngineDeployment:
-    """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve."""
+def deploy_engine(
+    config: EngineConfig, home: Path, settings: RaySettings, database_url: str | None = None
+) -> EngineDeployment:
+    """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve.
+
+    ``database_url`` is where the replicas fetch adapters from (``adapter_files``); the store folder second.
+    """
     owns_ray = False
     configure_ray_environment()  # a no-op when the gateway did it before importing Ray
     if not ray.is_initialized():
@@ -85,7 +90,7 @@ def deploy_engine(config: EngineConfig, home: Path, settings: RaySettings) -> En
             "runtime_env": {"env_vars": REPLICA_ENVIRONMENT},
         },
     )
-    app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER))
+    app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER), database_url)
     handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
     logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
     return EngineDeployment(handle, directory, owns_ray)

@@ -60,8 +60,17 @@ _replies = msgspec.msgpack.Decoder(Reply)
 class RayEngineClient(TokenizingClient):
     """Engine replicas on Ray Serve; the tokenizer, adapter validation and the names' digests stay here."""
 
-    def __init__(self, config: EngineConfig, model_name: str, home: Path, ray_settings: RaySettings) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_name: str,
+        home: Path,
+        ray_settings: RaySettings,
+        database_url: str | None = None,
+    ) -> None:
+        """``database_url``: the PostgreSQL the replicas fetch adapters from (None: the store folder only)."""
         self.config = config
+        self.database_url = database_url
         self.model_name = model_name
         self.home = home
         self.ray_settings = ray_settings
@@ -82,7 +91,9 @@ class RayEngineClient(TokenizingClient):
         tokenizer = asyncio.ensure_future(asyncio.to_thread(GatewayTokenizer.load, folder))
         try:
             self._model_config = await asyncio.to_thread(ModelConfig.from_folder, folder)
-            self._deployment = await asyncio.to_thread(deploy_engine, self.config, self.home, self.ray_settings)
+            self._deployment = await asyncio.to_thread(
+                deploy_engine, self.config, self.home, self.ray_settings, self.database_url
+            )
             self._tokenizer = await tokenizer
         except BaseException:
             await asyncio.gather(tokenizer, return_exceptions=True)

@@ -77,10 +77,13 @@ class _LoadedAdapter:
 class EngineReplica:
     """A Serve deployment class: the engine worker of one GPU (or group of CPU cores)."""
 
-    async def __init__(self, config: EngineConfig, store_root: str, cache_root: str) -> None:
+    async def __init__(
+        self, config: EngineConfig, store_root: str, cache_root: str, database_url: str | None = None
+    ) -> None:
+        """``database_url``: the gateways' PostgreSQL, where adapters are fetched from (the store folder second)."""
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._loop = asyncio.get_running_loop()
-        self._fetcher = AdapterFetcher(Path(store_root), Path(cache_root))
+        self._fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
         self._streams: dict[str, asyncio.Queue[OutputDelta | Rejected]] = {}
         self._registered: set[str] = set()  # digests registered in the engine
         self._pinned: set[str] = set()

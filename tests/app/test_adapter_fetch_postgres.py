@@ -58,5 +58,15 @@ def test_a_row_whose_bytes_do_not_match_is_refused_and_a_missing_one_is_not_foun
     with pytest.raises(AdapterMismatchError, match="other bytes"):
         fetcher.fetch(digest)
     assert not (tmp_path / "cache" / digest).exists()
-    with pytest.raises(AdapterNotFoundError, match="adapter_files"):
+    with pytest.raises(AdapterNotFoundError, match="not in the store"):  # in neither source
         fetcher.fetch("ab" * 32)
+
+
+def test_an_adapter_missing_from_postgres_is_read_from_the_store_folder(database_url: str, tmp_path: Path) -> None:
+    digest = adapter_digest(CONFIG, WEIGHTS)
+    stored = tmp_path / "store" / digest
+    stored.mkdir(parents=True)
+    (stored / "adapter_config.json").write_bytes(CONFIG)
+    (stored / "adapter_model.safetensors").write_bytes(WEIGHTS)
+    fetcher = AdapterFetcher(tmp_path / "store", tmp_path / "cache", database_url)
+    assert (fetcher.fetch(digest) / "adapter_model.safetensors").read_bytes() == WEIGHTS
