@@ -1,29 +1,36 @@
 """Two `loraplex serve` processes on loopback sharing one PostgreSQL and one Redis (issue 19's drill).
 
 A tenant's limits hold across both gateways, not per gateway, and every request still has exactly one
-usage row. Each gateway has its own data folder and its own engine, as replicas on two machines would.
+usage row; an adapter uploaded, pinned or deleted through one gateway is served, reported or refused by
+the other within a second. Each gateway has its own data folder and its own engine, as replicas on two machines would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
+import time
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
+from app.admin_client import AdminClient
 from app.db.database import Database
 from app.db.tables import Tenant
+from app.keys.secrets import generate_api_key
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
 from tests.app.served_process import served
 
 pytestmark = pytest.mark.default_model
+
+logger = logging.getLogger(__name__)
 
 RPM_LIMIT = 10
 NUM_RPM_REQUESTS = 30
@@ -160,3 +167,63 @@ def test_two_gateways_share_each_tenants_limits_and_bill_each_request_once(
     billed = [reply.headers["x-request-id"] for reply in replies if reply.status_code == 200]
     assert all(counts.get(request_id) == 1 for request_id in billed), "one usage row per request"
     assert sum(counts.values()) == RPM_LIMIT + 3, "the refused requests never reached the engine"
+
+
+PROPAGATION_S = 1.0
+
+
+def _until(check, timeout_s: float = 5.0) -> float:
+    """Seconds until ``check()`` holds (polled), or AssertionError after ``timeout_s``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, "the change never reached the other gateway"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def _status(url: str, key: str, model: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{url}/v1/completions", json=_body(model, 1), headers=headers, timeout=30).status_code
+
+
+def test_adapter_changes_on_one_gateway_reach_the_other_within_a_second(
+    gateway_envs: list[dict[str, str]], tenant_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    admin_key = generate_api_key().plaintext
+    envs = [env | {"LORAPLEX_ADMIN_KEY": admin_key} for env in gateway_envs]
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(served(Path(env["LORAPLEX_HOME"]), env, GRACE_S, tmp_path / f"server-{i}.log"))
+            for i, env in enumerate(envs)
+        ]
+        (_, url_a), (_, url_b) = servers
+        admin_a, admin_b = AdminClient(url_a, admin_key), AdminClient(url_b, admin_key)
+        stack.callback(admin_a.close)
+        stack.callback(admin_b.close)
+        tenant = admin_a.create_tenant("adapter-drill")
+        key = admin_a.create_key(tenant["id"], "drill", ["inference"])["key"]
+
+        adapter = admin_a.upload_adapter(tenant["id"], "alpha", tenant_adapters["alpha"])
+        answered_on_b = _until(lambda: _status(url_b, key, "alpha") == 200)
+        home_b = Path(envs[1]["LORAPLEX_HOME"])
+        assert (home_b / "adapters" / adapter["digest"]).is_dir(), "B cached the files it read from PostgreSQL"
+
+        admin_a.pin_adapter(adapter["id"], True)
+        pinned_on_b = _until(lambda: _adapter_on(admin_b, tenant["id"], adapter["id"])["pinned"])
+
+        admin_b.delete_adapter(adapter["id"])
+        gone_on_a = _until(lambda: _status(url_a, key, "alpha") == 404)
+
+    logger.info(
+        "upload on A answered on B in %.3f s, pin reported in %.3f s, delete reached A in %.3f s",
+        answered_on_b,
+        pinned_on_b,
+        gone_on_a,
+    )
+    assert answered_on_b <= PROPAGATION_S, f"upload on A answered on B after {answered_on_b:.2f} s"
+    assert pinned_on_b <= PROPAGATION_S, f"pin on A reported on B after {pinned_on_b:.2f} s"
+    assert gone_on_a <= PROPAGATION_S, f"delete on B took {gone_on_a:.2f} s to reach A"
+
+
+def _adapter_on(admin: AdminClient, tenant_id: str, adapter_id: str) -> dict:
+    return next(adapter for adapter in admin.list_adapters(tenant_id) if adapter["id"] == adapter_id)
