@@ -50,7 +50,7 @@ class Gateway:
     writer: UsageWriter
     metrics: GatewayMetrics
     limiter: Limiter
-    """Rate limits, concurrency and monthly budgets of the OpenAI routes (state in this process)."""
+    """Rate limits, concurrency and monthly budgets of the OpenAI routes (in Redis with LORAPLEX_REDIS_URL)."""
     openai: OpenAIService
     resolver: ModelResolver
     key_secret: bytes
@@ -118,15 +118,16 @@ async def run_gateway(
         authenticator = Authenticator(database, key_secret)
         authenticator.start()
         stack.push_async_callback(authenticator.stop)
+        metrics = GatewayMetrics()
+        # The limiter closes after the engine stops, so the settles of requests the engine ends still reach Redis.
+        limiter = await stack.enter_async_context(
+            open_limiter(settings, usage_loader(database), metrics.limit_backend_errors)
+        )
         if engine is None:
             engine = make_engine(settings, url)
             await engine.start()
             stack.push_async_callback(engine.stop)
-        metrics = GatewayMetrics()
         resolver = ModelResolver(database, engine, settings.home)
-        limiter = await stack.enter_async_context(
-            open_limiter(settings, usage_loader(database), metrics.limit_backend_errors)
-        )
         gateway = Gateway(
             settings=settings,
             engine=engine,
