@@ -51,7 +51,7 @@ async def ensure_local(database: Database, home: Path, digest: str) -> Path:
         ).first()
     if files is None:
         raise AdapterNotFoundError(f"adapter {digest[:12]} is not in the database's adapter_files; upload it again")
-    await asyncio.to_thread(_fill, folder, digest, files.config, files.weights)
+    await asyncio.to_thread(write_verified, folder, digest, files.config, files.weights)
     logger.info("adapter %s cached from the database into %s", digest[:12], folder)
     return folder
 
@@ -71,11 +71,12 @@ def _cached_matches(folder: Path, digest: str) -> bool:
     return False
 
 
-def _fill(folder: Path, digest: str, config: bytes, weights: bytes) -> None:
-    """Verify the bytes, then write them into ``folder`` atomically (a half-written folder is never seen)."""
+def write_verified(folder: Path, digest: str, config: bytes, weights: bytes) -> None:
+    """Verify the bytes against ``digest``, then write them into ``folder`` atomically (a half-written folder
+    is never seen; when another writer of the same digest got there first, its folder stands)."""
     found = adapter_digest(config, weights)
     if found != digest:
-        raise AdapterMismatchError(f"the database's adapter {digest[:12]} holds other bytes (digest {found[:12]})")
+        raise AdapterMismatchError(f"the adapter {digest[:12]} as read holds other bytes (digest {found[:12]})")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.parent / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import uuid
 from pathlib import Path
 
 import asyncpg
 
+from app.adapters.local_cache import write_verified
 from app.adapters.store import ADAPTER_FILES, DIGEST
 from app.db.database import CONNECT_TIMEOUT_S, driver_url
-from engine.errors import AdapterMismatchError, AdapterNotFoundError
-from engine.lora_adapter import adapter_digest
+from engine.errors import AdapterNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +51,7 @@ class AdapterFetcher:
         if cached.is_dir():
             return cached
         config_bytes, weights_bytes = self._read(digest)
-        found = adapter_digest(config_bytes, weights_bytes)
-        if found != digest:
-            raise AdapterMismatchError(f"the stored adapter {digest[:12]} holds other bytes (digest {found[:12]})")
-        self._write(cached, config_bytes, weights_bytes)
+        write_verified(cached, digest, config_bytes, weights_bytes)
         logger.info("adapter %s fetched into %s", digest[:12], self.cache_root)
         return cached
 
@@ -75,20 +70,6 @@ class AdapterFetcher:
             return (source / CONFIG_FILE).read_bytes(), (source / WEIGHTS_FILE).read_bytes()
         except FileNotFoundError:
             raise AdapterNotFoundError(f"adapter {digest[:12]} is not in the store at {self.store_root}") from None
-
-    def _write(self, target: Path, config_bytes: bytes, weights_bytes: bytes) -> None:
-        """Write the two files into ``target`` atomically: a half-written folder is never seen."""
-        self.cache_root.mkdir(parents=True, exist_ok=True)
-        staging = self.cache_root / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir()
-        try:
-            (staging / CONFIG_FILE).write_bytes(config_bytes)
-            (staging / WEIGHTS_FILE).write_bytes(weights_bytes)
-            staging.rename(target)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-            if not target.is_dir():  # else another fetch of the same digest got there first
-                raise
 
 
 async def _read_database(url: str, digest: str) -> tuple[bytes, bytes]:
