@@ -29,6 +29,7 @@ from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import EngineClient
 from app.errors import ModelNotFoundError, ServiceUnavailableError
+from engine.errors import AdapterError
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,14 @@ class ModelResolver:
                 if engine_name in self._retired:
                     return False
                 if not self.engine.has_adapter(engine_name):
-                    path = await ensure_local(self.database, self.home, digest)
+                    try:
+                        path = await ensure_local(self.database, self.home, digest)
+                    except AdapterError as error:  # its files are gone from the database and the cache
+                        logger.error("adapter %s cannot be loaded: %s", engine_name, error)
+                        raise ServiceUnavailableError(
+                            "This model's adapter files are missing on the server; an administrator must "
+                            "upload the adapter again."
+                        ) from None
                     await self.engine.add_adapter(engine_name, path)
                     if pinned:
                         await self.engine.pin_adapter(engine_name, True)

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from app.adapters.local_cache import ensure_local
 from app.db.tables import AdapterFile
@@ -68,6 +68,23 @@ async def test_a_lost_or_damaged_cache_folder_is_refilled_from_postgres(
         assert default_engine.has_adapter(adapter["id"])
         assert (folder / CONFIG).read_bytes() == (source / CONFIG).read_bytes()
         assert (folder / WEIGHTS).read_bytes() == (source / WEIGHTS).read_bytes()
+
+
+async def test_files_gone_from_the_database_and_the_cache_are_a_503_that_says_so(
+    gateway_settings, default_engine, tenant_adapters
+):
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        acme = await make_tenant(gateway, "acme")
+        adapter = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
+        await client.post(f"/admin/adapters/{adapter['id']}/unload", headers=admin.headers)
+        shutil.rmtree(gateway_settings.home / "adapters" / adapter["digest"])
+        async with gateway.database.sessions() as session, session.begin():
+            await session.execute(delete(AdapterFile).where(AdapterFile.digest == adapter["digest"]))
+
+        chat = await client.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=acme.headers)
+    assert chat.status_code == 503, chat.text
+    assert "upload the adapter again" in chat.json()["error"]["message"]
 
 
 async def test_files_row_goes_with_the_last_live_adapter_of_its_digest(
