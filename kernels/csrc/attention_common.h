@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "vec8.h"
+#include "vec_wide.h"
 
 namespace loraplex::attention {
 
@@ -95,10 +95,7 @@ inline void prefetch_floats(const float* p, int64_t num_floats) {
   for (int64_t i = 0; i < num_floats; i += kLineFloats) __builtin_prefetch(p + i, 0, kLocality);
 }
 
-inline void scale_row(float* row, float factor, int head_dim) {
-  const F8 f = splat8(factor);
-  for (int d = 0; d < head_dim; d += kLanes) store8(row + d, mul8(load8(row + d), f));
-}
+inline void scale_row(float* row, float factor, int head_dim) { scale_copy(row, row, factor, head_dim); }
 
 // Folds a block's max into a vector's running max: rescales its running sum and accumulator when it grows.
 inline void raise_max(float block_max, float& row_max, float& row_sum, float* acc_row, int head_dim) {

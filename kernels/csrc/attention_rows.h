@@ -14,9 +14,16 @@ struct RowPath {
   template <int kHeadDim>
   static F8 score(const float* q, const float* keys, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
+    FW wide[8];
+    for (auto& a : wide) a = zerow();
+    int d = 0;
+    for (; d + kWideLanes <= dim; d += kWideLanes) {
+      const FW qv = loadw(q + d);
+      for (int n = 0; n < 8; ++n) wide[n] = fmaw(qv, loadw(keys + n * dim + d), wide[n]);
+    }
     F8 acc[8];
-    for (auto& a : acc) a = zero8();
-    for (int d = 0; d < dim; d += kLanes) {
+    for (int n = 0; n < 8; ++n) acc[n] = fold8(wide[n]);
+    for (; d < dim; d += kLanes) {
       const F8 qv = load8(q + d);
       for (int n = 0; n < 8; ++n) acc[n] = fma8(qv, load8(keys + n * dim + d), acc[n]);
     }
@@ -29,7 +36,13 @@ struct RowPath {
     const int dim = kHeadDim ? kHeadDim : head_dim;
     alignas(32) float weights[8];
     store8(weights, p);
-    for (int d = 0; d < dim; d += kLanes) {
+    int d = 0;
+    for (; d + kWideLanes <= dim; d += kWideLanes) {
+      FW a = loadw(acc + d);
+      for (int n = 0; n < 8; ++n) a = fmaw(splatw(weights[n]), loadw(values + n * dim + d), a);
+      storew(acc + d, a);
+    }
+    for (; d < dim; d += kLanes) {
       F8 a = load8(acc + d);
       for (int n = 0; n < 8; ++n) a = fma8(splat8(weights[n]), load8(values + n * dim + d), a);
       store8(acc + d, a);
@@ -40,10 +53,7 @@ struct RowPath {
   template <int kHeadDim>
   static void gather(const float* const* rows, int64_t offset, float* dst, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    for (int n = 0; n < 8; ++n) {
-      const float* src = rows[n] + offset;
-      for (int d = 0; d < dim; d += kLanes) store8(dst + n * dim + d, load8(src + d));
-    }
+    for (int n = 0; n < 8; ++n) copy_floats(dst + n * dim, rows[n] + offset, dim);
   }
 
   template <int kHeadDim>

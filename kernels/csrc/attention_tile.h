@@ -1,8 +1,9 @@
 // The paged attention's path for many query vectors per kv head (prefill tiles): sixteen keys at a time
 // as two small matrix products with register tiles. Scores: S[m, 0:16] = Q[m] . K^T for four query
-// vectors at once over K transposed in scratch (each load of K^T feeds eight FMAs, no horizontal sums);
-// weights: S[m] -> exp2(S[m] - max) after the online-softmax update; values: acc[m, d:d+16] +=
-// P[m, n] V[n, d:d+16] for four vectors, the accumulators held in registers across the sixteen keys.
+// vectors at once over K transposed in scratch (each load of K^T feeds four FMAs, no horizontal sums;
+// one sixteen-lane load per dimension with AVX-512, two of eight with AVX2); weights: S[m] ->
+// exp2(S[m] - max) after the online-softmax update; values: acc[m, d:d+2W] += P[m, n] V[n, d:d+2W] for
+// four vectors (W lanes a vector), the accumulators held in registers across the sixteen keys.
 // Compute-bound: the K/V block is in L1 and serves up to kTileQueries (128) query vectors.
 #pragma once
 
@@ -14,7 +15,11 @@ namespace loraplex::attention {
 
 struct TilePath {
   static constexpr int kKeys = 2 * kLanes;
-  static constexpr int kVectorsPerTile = 4;  // 4 x 2 accumulators + 2 loads + 1 broadcast: 11 of AVX2's 16 registers
+  // Vectors across the sixteen keys: 1 on AVX-512, 2 on AVX2.
+  static constexpr int kParts = kKeys / kWideLanes;
+  // Eight independent FMA chains in the score (two ports x four cycles of latency): 4 x 2 accumulators + 2
+  // loads + 1 broadcast take 11 of AVX2's 16 registers; 8 x 1 on AVX-512 take 10 of its 32.
+  static constexpr int kVectorsPerTile = 8 / kParts;
 
   // keys_t[d * 16 + n] = K[n][d] of one kv head
   template <int kHeadDim>
@@ -29,32 +34,52 @@ struct TilePath {
   template <int kHeadDim>
   static void gather(const float* const* rows, int64_t offset, float* dst, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    for (int n = 0; n < kKeys; ++n) {
-      const float* src = rows[n] + offset;
-      for (int d = 0; d < dim; d += kLanes) store8(dst + n * dim + d, load8(src + d));
-    }
+    for (int n = 0; n < kKeys; ++n) copy_floats(dst + n * dim, rows[n] + offset, dim);
   }
 
   // scores[i, 0:16] = q[i] . K^T for kCount consecutive query vectors
   template <int kHeadDim, int kCount>
   static void score(const float* q, const float* keys_t, float* scores, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    F8 acc[kCount][2];
-    for (auto& pair : acc) pair[0] = pair[1] = zero8();
+    FW acc[kCount][kParts];
+    for (auto& parts : acc)
+      for (auto& a : parts) a = zerow();
     for (int d = 0; d < dim; ++d) {
-      F8 k0 = load8(keys_t + d * kKeys), k1 = load8(keys_t + d * kKeys + kLanes);
-      pin8(k0);
-      pin8(k1);
+      FW k[kParts];
+      for (int part = 0; part < kParts; ++part) {
+        k[part] = loadw(keys_t + d * kKeys + part * kWideLanes);
+        pinw(k[part]);
+      }
       for (int i = 0; i < kCount; ++i) {
-        const F8 qd = splat8(q[i * dim + d]);
-        acc[i][0] = fma8(qd, k0, acc[i][0]);
-        acc[i][1] = fma8(qd, k1, acc[i][1]);
+        const FW qd = splatw(q[i * dim + d]);
+        for (int part = 0; part < kParts; ++part) acc[i][part] = fmaw(qd, k[part], acc[i][part]);
       }
     }
-    for (int i = 0; i < kCount; ++i) {
-      store8(scores + i * kKeys, acc[i][0]);
-      store8(scores + i * kKeys + kLanes, acc[i][1]);
+    for (int i = 0; i < kCount; ++i)
+      for (int part = 0; part < kParts; ++part) storew(scores + i * kKeys + part * kWideLanes, acc[i][part]);
+  }
+
+  // acc[i][d:d + kWidth lanes of Vec] += sum_n p[i, n] * values[n][same] for kCount consecutive query
+  // vectors, their accumulators held in registers across the sixteen keys
+  template <int kCount, int kWidth, typename Vec>
+  static void accumulate_span(const float* p, const float* values, float* acc, int dim, int d) {
+    using Op = VecOps<Vec>;
+    Vec a[kCount][kWidth];
+    for (int i = 0; i < kCount; ++i)
+      for (int w = 0; w < kWidth; ++w) a[i][w] = Op::load(acc + i * dim + d + w * Op::kCount);
+    for (int n = 0; n < kKeys; ++n) {
+      Vec v[kWidth];
+      for (int w = 0; w < kWidth; ++w) {
+        v[w] = Op::load(values + n * dim + d + w * Op::kCount);
+        Op::pin(v[w]);
+      }
+      for (int i = 0; i < kCount; ++i) {
+        const Vec weight = Op::splat(p[i * kKeys + n]);
+        for (int w = 0; w < kWidth; ++w) a[i][w] = Op::fma(weight, v[w], a[i][w]);
+      }
     }
+    for (int i = 0; i < kCount; ++i)
+      for (int w = 0; w < kWidth; ++w) Op::store(acc + i * dim + d + w * Op::kCount, a[i][w]);
   }
 
   // acc[i] += sum_n p[i, n] * values[n] for kCount consecutive query vectors
@@ -62,36 +87,11 @@ struct TilePath {
   static void accumulate(const float* p, const float* values, float* acc, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
     int d = 0;
-    for (; d + 2 * kLanes <= dim; d += 2 * kLanes) {
-      F8 a[kCount][2];
-      for (int i = 0; i < kCount; ++i) {
-        a[i][0] = load8(acc + i * dim + d);
-        a[i][1] = load8(acc + i * dim + d + kLanes);
-      }
-      for (int n = 0; n < kKeys; ++n) {
-        F8 v0 = load8(values + n * dim + d), v1 = load8(values + n * dim + d + kLanes);
-        pin8(v0);
-        pin8(v1);
-        for (int i = 0; i < kCount; ++i) {
-          const F8 w = splat8(p[i * kKeys + n]);
-          a[i][0] = fma8(w, v0, a[i][0]);
-          a[i][1] = fma8(w, v1, a[i][1]);
-        }
-      }
-      for (int i = 0; i < kCount; ++i) {
-        store8(acc + i * dim + d, a[i][0]);
-        store8(acc + i * dim + d + kLanes, a[i][1]);
-      }
+    for (; d + 2 * kWideLanes <= dim; d += 2 * kWideLanes) accumulate_span<kCount, 2, FW>(p, values, acc, dim, d);
+    for (; d + kWideLanes <= dim; d += kWideLanes) {  // a last 16 dims on AVX-512 (head_dim 48, 80, ...)
+      accumulate_span<kCount, 1, FW>(p, values, acc, dim, d);
     }
-    if (d < dim) {  // a last 8 dims (head_dim 40, 56, ...)
-      F8 a[kCount];
-      for (int i = 0; i < kCount; ++i) a[i] = load8(acc + i * dim + d);
-      for (int n = 0; n < kKeys; ++n) {
-        const F8 v = load8(values + n * dim + d);
-        for (int i = 0; i < kCount; ++i) a[i] = fma8(splat8(p[i * kKeys + n]), v, a[i]);
-      }
-      for (int i = 0; i < kCount; ++i) store8(acc + i * dim + d, a[i]);
-    }
+    for (; d < dim; d += kLanes) accumulate_span<kCount, 1, F8>(p, values, acc, dim, d);  // a last 8 (40, 56, ...)
   }
 
   // Runs `fn<count>(m)` over [begin, end) in tiles of kVectorsPerTile and a shorter last one.
@@ -99,24 +99,18 @@ struct TilePath {
   static void by_tiles(int begin, int end, Fn&& fn) {
     int m = begin;
     for (; m + kVectorsPerTile <= end; m += kVectorsPerTile) fn(std::integral_constant<int, kVectorsPerTile>{}, m);
-    switch (end - m) {
-      case 5:
-        fn(std::integral_constant<int, 5>{}, m);
-        break;
-      case 4:
-        fn(std::integral_constant<int, 4>{}, m);
-        break;
-      case 3:
-        fn(std::integral_constant<int, 3>{}, m);
-        break;
-      case 2:
-        fn(std::integral_constant<int, 2>{}, m);
-        break;
-      case 1:
-        fn(std::integral_constant<int, 1>{}, m);
-        break;
-      default:
-        break;
+    last_tile<kVectorsPerTile - 1>(end - m, m, fn);
+  }
+
+  // fn<count>(m) for the count left over, kCount or fewer
+  template <int kCount, typename Fn>
+  static void last_tile(int count, int m, Fn& fn) {
+    if constexpr (kCount > 0) {
+      if (count == kCount) {
+        fn(std::integral_constant<int, kCount>{}, m);
+      } else {
+        last_tile<kCount - 1>(count, m, fn);
+      }
     }
   }
 

@@ -69,7 +69,7 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
         const int head = (item.kv_head_begin + h) * group + g;
         const float* src = row + static_cast<int64_t>(head) * pb.q_head_stride;
         float* dst = scratch.queries + static_cast<int64_t>(h * vectors_per_head + r * group + g) * head_dim;
-        for (int d = 0; d < head_dim; ++d) dst[d] = src[d] * pb.scale_log2;
+        scale_copy(dst, src, pb.scale_log2, head_dim);
       }
     }
   }
@@ -114,10 +114,9 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       float* out_row = pb.out + static_cast<int64_t>(q_begin + item.row_begin + r) * pb.num_heads * head_dim;
       for (int g = 0; g < group; ++g) {
         const int m = h * vectors_per_head + r * group + g;
-        const F8 inv = splat8(1.0f / scratch.row_sum[m]);
         const float* src = scratch.acc + static_cast<int64_t>(m) * head_dim;
         float* dst = out_row + static_cast<int64_t>((item.kv_head_begin + h) * group + g) * head_dim;
-        for (int d = 0; d < head_dim; d += kLanes) store8(dst + d, mul8(load8(src + d), inv));
+        scale_copy(dst, src, 1.0f / scratch.row_sum[m], head_dim);
       }
     }
   }

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ops.h"
-#include "vec8.h"
+#include "vec_wide.h"
 
 namespace loraplex {
 namespace {
@@ -54,9 +54,9 @@ struct Problem {
 
 // Register tiles: the shrink scores kShrinkTokens tokens against kShrinkRanks A rows at once (each load of
 // x or A feeds several FMAs: 6 loads for 8 FMAs at 2 x 4, where one dot product at a time needs 2 for 1);
-// the expand adds kExpandTokens tokens' deltas to 16 columns of y at once, holding them in registers
-// across the rank (2 Bt loads and 4 broadcasts for 8 FMAs). 2 x 4 and 4 x 2 accumulators leave room in
-// AVX2's 16 registers for the operands.
+// the expand adds kExpandTokens tokens' deltas to two vectors of columns of y at once (32 columns with
+// AVX-512, 16 with AVX2), holding them in registers across the rank (2 Bt loads and 4 broadcasts for 8
+// FMAs). 2 x 4 and 4 x 2 accumulators leave room in AVX2's 16 registers for the operands.
 constexpr int kShrinkTokens = 2;
 constexpr int kShrinkRanks = 4;
 constexpr int kExpandTokens = 4;
@@ -64,25 +64,34 @@ constexpr int kExpandTokens = 4;
 // v[t * v_stride + j] = x_t . a_j for kT tokens and kR rows of A
 template <int kT, int kR>
 void shrink_block(const float* const* x, const float* const* a, int64_t in_dim, float* v, int v_stride) {
-  F8 acc[kT][kR];
-  for (auto& row : acc)
-    for (auto& c : row) c = zero8();
-  const int64_t vec_end = in_dim - in_dim % kLanes;
-  for (int64_t d = 0; d < vec_end; d += kLanes) {
-    F8 xs[kT];
+  FW wide[kT][kR];
+  for (auto& row : wide)
+    for (auto& c : row) c = zerow();
+  int64_t d = 0;
+  for (; d + kWideLanes <= in_dim; d += kWideLanes) {
+    FW xs[kT];
     for (int t = 0; t < kT; ++t) {
-      xs[t] = load8(x[t] + d);
-      pin8(xs[t]);
+      xs[t] = loadw(x[t] + d);
+      pinw(xs[t]);
     }
     for (int j = 0; j < kR; ++j) {
+      const FW aj = loadw(a[j] + d);
+      for (int t = 0; t < kT; ++t) wide[t][j] = fmaw(xs[t], aj, wide[t][j]);
+    }
+  }
+  F8 acc[kT][kR];
+  for (int t = 0; t < kT; ++t)
+    for (int j = 0; j < kR; ++j) acc[t][j] = fold8(wide[t][j]);
+  for (; d + kLanes <= in_dim; d += kLanes) {  // a last 8 on AVX-512
+    for (int j = 0; j < kR; ++j) {
       const F8 aj = load8(a[j] + d);
-      for (int t = 0; t < kT; ++t) acc[t][j] = fma8(xs[t], aj, acc[t][j]);
+      for (int t = 0; t < kT; ++t) acc[t][j] = fma8(load8(x[t] + d), aj, acc[t][j]);
     }
   }
   for (int t = 0; t < kT; ++t) {
     for (int j = 0; j < kR; ++j) {
       float sum = hsum8(acc[t][j]);
-      for (int64_t d = vec_end; d < in_dim; ++d) sum += x[t][d] * a[j][d];
+      for (int64_t e = d; e < in_dim; ++e) sum += x[t][e] * a[j][e];
       v[t * v_stride + j] = sum;
     }
   }
@@ -107,32 +116,36 @@ void shrink_tokens(const float* const* x, const float* const* a, int rank, int64
   }
 }
 
+// y_t[c:c + kWidth lanes of Vec] += sum_j v[t * rank + j] * bt_j[same] for kT tokens, held in registers
+// across the rank
+template <int kT, int kWidth, typename Vec>
+void expand_span(float* const* y, const float* v, const float* const* bt, int rank, int64_t c) {
+  using Op = VecOps<Vec>;
+  Vec acc[kT][kWidth];
+  for (int t = 0; t < kT; ++t)
+    for (int w = 0; w < kWidth; ++w) acc[t][w] = Op::load(y[t] + c + w * Op::kCount);
+  for (int j = 0; j < rank; ++j) {
+    Vec b[kWidth];
+    for (int w = 0; w < kWidth; ++w) {
+      b[w] = Op::load(bt[j] + c + w * Op::kCount);
+      Op::pin(b[w]);
+    }
+    for (int t = 0; t < kT; ++t) {
+      const Vec weight = Op::splat(v[t * rank + j]);
+      for (int w = 0; w < kWidth; ++w) acc[t][w] = Op::fma(weight, b[w], acc[t][w]);
+    }
+  }
+  for (int t = 0; t < kT; ++t)
+    for (int w = 0; w < kWidth; ++w) Op::store(y[t] + c + w * Op::kCount, acc[t][w]);
+}
+
 // y_t[0:n] += sum_j v[t * rank + j] * bt_j[0:n] for kT tokens
 template <int kT>
 void expand_tokens(float* const* y, const float* v, const float* const* bt, int rank, int64_t n) {
   int64_t c = 0;
-  for (; c + 2 * kLanes <= n; c += 2 * kLanes) {
-    F8 acc[kT][2];
-    for (int t = 0; t < kT; ++t) {
-      acc[t][0] = load8(y[t] + c);
-      acc[t][1] = load8(y[t] + c + kLanes);
-    }
-    for (int j = 0; j < rank; ++j) {
-      F8 b0 = load8(bt[j] + c), b1 = load8(bt[j] + c + kLanes);
-      pin8(b0);
-      pin8(b1);
-      for (int t = 0; t < kT; ++t) {
-        const F8 w = splat8(v[t * rank + j]);
-        acc[t][0] = fma8(w, b0, acc[t][0]);
-        acc[t][1] = fma8(w, b1, acc[t][1]);
-      }
-    }
-    for (int t = 0; t < kT; ++t) {
-      store8(y[t] + c, acc[t][0]);
-      store8(y[t] + c + kLanes, acc[t][1]);
-    }
-  }
-  for (int t = 0; t < kT; ++t) {  // a last 0-15 columns
+  for (; c + 2 * kWideLanes <= n; c += 2 * kWideLanes) expand_span<kT, 2, FW>(y, v, bt, rank, c);
+  for (; c + kLanes <= n; c += kLanes) expand_span<kT, 1, F8>(y, v, bt, rank, c);  // a last 8-24 columns
+  for (int t = 0; t < kT; ++t) {  // a last 0-7 columns
     for (int64_t col = c; col < n; ++col) {
       float acc = y[t][col];
       for (int j = 0; j < rank; ++j) acc += v[t * rank + j] * bt[j][col];
