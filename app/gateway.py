@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from litestar import Litestar
@@ -55,9 +55,9 @@ class Gateway:
     resolver: ModelResolver
     key_secret: bytes
     """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
-    adapters: AdapterService = field(init=False)
+    adapters: AdapterService
     """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
-    announcements: AdapterAnnouncements = field(init=False)
+    announcements: AdapterAnnouncements
     """Applies adapter deletes, unloads and pins announced by any replica (this one included)."""
     demo: DemoAccess | None = None
 
@@ -128,6 +128,16 @@ async def run_gateway(
             await engine.start()
             stack.push_async_callback(engine.stop)
         resolver = ModelResolver(database, engine, settings.home)
+        adapters = AdapterService(database, engine, resolver, settings)
+        stack.push_async_callback(adapters.close)
+        announcements = AdapterAnnouncements(database, engine, resolver, adapters.retire, adapters.unload_here)
+        await announcements.start()
+        stack.push_async_callback(announcements.stop)
+        demo = None
+        if settings.demo:
+            demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
+        if settings.admin_key:
+            await ensure_admin_key(database, key_secret, settings.admin_key)
         gateway = Gateway(
             settings=settings,
             engine=engine,
@@ -141,18 +151,10 @@ async def run_gateway(
             ),
             resolver=resolver,
             key_secret=key_secret,
+            adapters=adapters,
+            announcements=announcements,
+            demo=demo,
         )
-        gateway.adapters = AdapterService(gateway)
-        stack.push_async_callback(gateway.adapters.close)
-        gateway.announcements = announcements = AdapterAnnouncements(
-            database, engine, resolver, gateway.adapters.retire, gateway.adapters.unload_here
-        )
-        await announcements.start()
-        stack.push_async_callback(announcements.stop)
-        if settings.demo:
-            gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
-        if settings.admin_key:
-            await ensure_admin_key(database, key_secret, settings.admin_key)
         yield gateway
 
 

@@ -35,7 +35,6 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -43,19 +42,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.announcements import Op, announce
 from app.adapters.file_rows import save_files
+from app.adapters.resolver import ModelResolver
 from app.adapters.store import adapter_row, move_into_store, remove_stored, uploads_root
 from app.admin.adapter_removal import DELETED, AdapterRemovals
 from app.admin.audit import record_change
 from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.admin.upload import AdapterUpload, staged_upload
+from app.db.database import Database
 from app.db.tables import Adapter, Tenant
-from app.engine_client import AdapterInfo
+from app.engine_client import AdapterInfo, EngineClient
 from app.errors import ApiError, BadRequestError, ConflictError, NotFoundError
 from app.keys.authenticator import Principal
-
-if TYPE_CHECKING:
-    from app.gateway import Gateway
-
+from app.settings import Settings
 from engine.errors import (
     AdapterError,
     AdapterFormatError,
@@ -103,15 +101,14 @@ INVALID_ADAPTER_CODES: dict[type[AdapterError], str] = {
 class AdapterService:
     """Adapters of every tenant, for admins; one per app (see the module docstring for what it remembers)."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.database = gateway.database
-        self.engine = gateway.engine
-        self.resolver = gateway.resolver
-        self.settings = gateway.settings
+    def __init__(self, database: Database, engine: EngineClient, resolver: ModelResolver, settings: Settings) -> None:
+        self.database = database
+        self.engine = engine
+        self.resolver = resolver
+        self.settings = settings
         self.unload_wait_s = UNLOAD_WAIT_S
         self._store_lock = asyncio.Lock()  # moving into the store and recording, against removing stored folders
-        self.removals = AdapterRemovals(gateway, self._store_lock)
+        self.removals = AdapterRemovals(database, engine, resolver, settings.home, self._store_lock)
         self._validations = asyncio.Semaphore(MAX_CONCURRENT_VALIDATIONS)
 
     # Reading -----------------------------------------------------------------------------------------
