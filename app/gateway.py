@@ -1,4 +1,8 @@
-"""The gateway's services, built and started in the app's lifespan and stopped in reverse order."""
+"""The composition root: the gateway's services built and started in the app's lifespan, stopped in reverse order.
+
+What it builds is the :class:`~app.services.Gateway` record, which handlers read; nothing else in ``app/``
+imports this module (tests/app/test_layout.py checks it).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from litestar import Litestar
@@ -15,7 +18,7 @@ from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
-from app.bootstrap import DemoAccess, ensure_demo_tenant
+from app.bootstrap import ensure_demo_tenant
 from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
@@ -25,11 +28,11 @@ from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader
 from app.limits.factory import open_limiter
-from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
 from app.openai.service import OpenAIService
 from app.process_engine_client import ProcessEngineClient
+from app.services import Gateway
 from app.settings import Settings, SettingsError
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
@@ -37,29 +40,6 @@ from engine import EngineConfig
 logger = logging.getLogger(__name__)
 
 USAGE_SPILL_FILE = "usage-spill.jsonl"  # usage the database could not take at shutdown; replayed at start
-
-
-@dataclass(slots=True)
-class Gateway:
-    """Everything a handler reaches through ``app.state.gateway``."""
-
-    settings: Settings
-    engine: EngineClient
-    database: Database
-    authenticator: Authenticator
-    writer: UsageWriter
-    metrics: GatewayMetrics
-    limiter: Limiter
-    """Rate limits, concurrency and monthly budgets of the OpenAI routes (in Redis with LORAPLEX_REDIS_URL)."""
-    openai: OpenAIService
-    resolver: ModelResolver
-    key_secret: bytes
-    """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
-    adapters: AdapterService
-    """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
-    announcements: AdapterAnnouncements
-    """Applies adapter deletes, unloads and pins announced by any replica (this one included)."""
-    demo: DemoAccess | None = None
 
 
 def make_engine(settings: Settings, database_url: str | None = None) -> EngineClient:

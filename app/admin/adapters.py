@@ -18,7 +18,8 @@ from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.errors import BadRequestError
-from app.web import ErrorBody, gateway_of
+from app.services import gateway_of
+from app.web import ErrorBody
 
 TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
 AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]

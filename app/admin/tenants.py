@@ -20,7 +20,8 @@ from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, Tenan
 from app.admin.tenant_service import TenantService
 from app.json_body import strict_json
 from app.keys.authenticator import Principal
-from app.web import error_responses, gateway_of
+from app.services import gateway_of
+from app.web import error_responses
 
 ADMIN_STATE = "admin"  # where admin_only leaves the caller, in the request's state
 

@@ -24,7 +24,8 @@ from app.keys.service import Scope
 from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelList
-from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, request_id_of
+from app.services import gateway_of
+from app.web import ERROR_RESPONSES, ErrorBody, error_responses, request_id_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DESCRIPTION = (

@@ -16,7 +16,7 @@ from litestar import Litestar
 
 from app.engine_client import EngineClient
 from app.factory import create_app
-from app.gateway import Gateway
+from app.services import Gateway
 from app.settings import Settings
 
 START_TIMEOUT_S = 30.0

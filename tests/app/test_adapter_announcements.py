@@ -24,8 +24,8 @@ from sqlalchemy import update
 
 from app.db.tables import Adapter
 from app.engine_client import LocalEngineClient
-from app.gateway import Gateway
 from app.keys.service import Scope
+from app.services import Gateway
 from app.settings import Settings
 from tests.app.gateway_fixtures import (
     TenantKey,

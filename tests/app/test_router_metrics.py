@@ -21,8 +21,8 @@ from sqlalchemy import select
 
 from app.db.tables import Adapter
 from app.engine_client import LOCAL_WORKER, LocalEngineClient
-from app.gateway import Gateway
 from app.metrics import GatewayMetrics
+from app.services import Gateway
 from engine import EngineStats
 from tests.app.gateway_fixtures import TenantKey, default_engine_config, gateway_client, make_tenant
 
