@@ -26,7 +26,6 @@ from engine.errors import AdapterBusyError, UnknownAdapterError
 
 logger = logging.getLogger(__name__)
 
-DELETED = "deleted"
 REMOVE_RETRY_S = 0.1  # how often a deleted adapter's removal from the engine is retried while requests use it
 REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this the engine copy is left (logged)
 

@@ -13,7 +13,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import PathParameter
 
-from app.admin.adapter_service import ADAPTER_NAME, AdapterService
+from app.admin.adapter_service import AdapterService
+from app.admin.adapter_uploads import ADAPTER_NAME
 from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
