@@ -9,7 +9,7 @@ from litestar.openapi.spec import Example
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.services import gateway_of
-from app.web import json_response
+from app.web.responses import json_response
 
 
 class Health(msgspec.Struct):

@@ -28,8 +28,8 @@ from app.admin.schemas_adapters import AdapterOut
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import EngineClient
-from app.errors import ConflictError
 from app.keys.authenticator import Principal
+from app.web.errors import ConflictError
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.admin.schemas_adapters import AdapterOut
 from app.db.tables import Adapter, Tenant
 from app.engine_client import EngineClient
-from app.errors import NotFoundError
+from app.web.errors import NotFoundError
 
 READY = "ready"
 DELETED = "deleted"

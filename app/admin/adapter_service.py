@@ -38,9 +38,9 @@ from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import EngineClient
-from app.errors import NotFoundError
 from app.keys.authenticator import Principal
 from app.settings import Settings
+from app.web.errors import NotFoundError
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from app.admin.upload import AdapterUpload, staged_upload
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_client import AdapterInfo, EngineClient
-from app.errors import ApiError, BadRequestError, ConflictError, NotFoundError
 from app.keys.authenticator import Principal
 from app.settings import Settings
+from app.web.errors import ApiError, BadRequestError, ConflictError, NotFoundError
 from engine.errors import (
     AdapterError,
     AdapterFormatError,

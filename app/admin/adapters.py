@@ -18,9 +18,9 @@ from app.admin.adapter_uploads import ADAPTER_NAME
 from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
-from app.errors import BadRequestError
 from app.services import gateway_of
-from app.web import ErrorBody
+from app.web.errors import BadRequestError
+from app.web.responses import ErrorBody
 
 TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
 AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]

@@ -25,7 +25,7 @@ from app.admin.usage_service import (
     usage_report,
 )
 from app.services import gateway_of
-from app.web import ERROR_RESPONSES, json_response
+from app.web.responses import ERROR_RESPONSES, json_response
 
 StartParam = Annotated[str | None, QueryParameter(description="First day (UTC), YYYY-MM-DD", format="date")]
 EndParam = Annotated[str | None, QueryParameter(description="Last day (UTC), included; default: today", format="date")]

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 
 from app.adapters.resolver import ResolvedModel
 from app.engine_client import EngineClient
-from app.errors import InternalError, ServiceUnavailableError
 from app.keys.authenticator import Principal
 from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission
@@ -33,6 +32,7 @@ from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.openai.fan_in import fan_in
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
+from app.web.errors import InternalError, ServiceUnavailableError
 from engine import RequestFailedError, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from pathlib import Path
 APP = Path(__file__).resolve().parents[2] / "app"
 COMPOSITION_ROOT = "app.gateway"
 ROOT_IMPORTERS = {"app.factory"}  # create_app() runs the gateway in the app's lifespan
+PLUMBING = "app.web"  # the HTTP helpers every package may use, so they use no other package
 
 
 def module_name(path: Path) -> str:
@@ -70,6 +71,17 @@ def test_only_the_composition_root_imports_the_gateway() -> None:
         f"{sorted(importers - ROOT_IMPORTERS)} import {COMPOSITION_ROOT}: take the services you need as arguments, "
         "or read the Gateway record (app/services.py) in a handler"
     )
+
+
+def test_the_http_plumbing_imports_nothing_else_of_the_app() -> None:
+    outside = {
+        f"{name} -> {imported}"
+        for name, imports in import_graph().items()
+        if name.startswith(f"{PLUMBING}.")
+        for imported in imports
+        if imported != PLUMBING and not imported.startswith(f"{PLUMBING}.")
+    }
+    assert not outside, f"{PLUMBING} is below every other package: {sorted(outside)}"
 
 
 def test_no_module_of_the_app_imports_itself_back() -> None:

@@ -11,7 +11,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.status_codes import HTTP_404_NOT_FOUND, HTTP_405_METHOD_NOT_ALLOWED
 
-from app.errors import ApiError, InternalError
+from app.web.errors import ApiError, InternalError
 
 logger = logging.getLogger(__name__)
 
