@@ -11,7 +11,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.routes import ADMIN_ROUTES
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.openai.controller import OPENAI_ROUTES
 from app.openapi_schema import complete_openapi_schema

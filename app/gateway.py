@@ -23,7 +23,8 @@ from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
-from app.engine_client import EngineClient, LocalEngineClient
+from app.engine_clients.interface import EngineClient, LocalEngineClient
+from app.engine_clients.process import ProcessEngineClient
 from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader
@@ -31,7 +32,6 @@ from app.limits.factory import open_limiter
 from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
 from app.openai.service import OpenAIService
-from app.process_engine_client import ProcessEngineClient
 from app.services import Gateway
 from app.settings import Settings, SettingsError
 from app.usage.writer import UsageWriter

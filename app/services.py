@@ -16,7 +16,7 @@ from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.bootstrap import DemoAccess
 from app.db.database import Database
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Authenticator
 from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics

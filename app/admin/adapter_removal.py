@@ -21,7 +21,7 @@ from app.adapters.file_rows import drop_files_if_unused
 from app.adapters.resolver import ModelResolver
 from app.adapters.store import remove_stored
 from app.db.database import Database
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from engine.errors import AdapterBusyError, UnknownAdapterError
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin.schemas_adapters import AdapterOut
 from app.db.tables import Adapter, Tenant
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.web.errors import NotFoundError
 
 READY = "ready"

@@ -37,7 +37,7 @@ from app.admin.audit import record_change
 from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.db.database import Database
 from app.db.tables import Adapter
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.settings import Settings
 from app.web.errors import NotFoundError

@@ -30,7 +30,7 @@ from app.admin.audit import record_change
 from app.admin.upload import AdapterUpload, staged_upload
 from app.db.database import Database
 from app.db.tables import Adapter
-from app.engine_client import AdapterInfo, EngineClient
+from app.engine_clients.interface import AdapterInfo, EngineClient
 from app.keys.authenticator import Principal
 from app.settings import Settings
 from app.web.errors import ApiError, BadRequestError, ConflictError, NotFoundError

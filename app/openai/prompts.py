@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.tools import ToolPlan, render_messages
 from app.web.errors import BadRequestError, ServiceUnavailableError

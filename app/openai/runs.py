@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app.adapters.resolver import ResolvedModel
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from app.adapters.resolver import ModelResolver
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
 from app.metrics import GatewayMetrics

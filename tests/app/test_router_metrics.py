@@ -20,7 +20,7 @@ from prometheus_client.samples import Sample
 from sqlalchemy import select
 
 from app.db.tables import Adapter
-from app.engine_client import LOCAL_WORKER, LocalEngineClient
+from app.engine_clients.interface import LOCAL_WORKER, LocalEngineClient
 from app.metrics import GatewayMetrics
 from app.services import Gateway
 from engine import EngineStats

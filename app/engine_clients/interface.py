@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
+from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import Engine, EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
