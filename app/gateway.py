@@ -23,8 +23,9 @@ from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
-from app.engine_clients.interface import EngineClient, LocalEngineClient
+from app.engine_clients.interface import EngineClient
 from app.engine_clients.process import ProcessEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db.tables import Adapter
-from app.engine_clients.interface import LocalEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.keys.service import Scope
 from app.services import Gateway
 from app.settings import Settings

@@ -20,7 +20,8 @@ from prometheus_client.samples import Sample
 from sqlalchemy import select
 
 from app.db.tables import Adapter
-from app.engine_clients.interface import LOCAL_WORKER, LocalEngineClient
+from app.engine_clients.interface import LOCAL_WORKER
+from app.engine_clients.thread import LocalEngineClient
 from app.metrics import GatewayMetrics
 from app.services import Gateway
 from engine import EngineStats
