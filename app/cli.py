@@ -12,8 +12,8 @@ import click
 
 from app.cli_adapters import adapters, usage
 from app.cli_admin import create_admin_key_locally, keys, tenants
-from app.log_format import configure_logging
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
+from app.observability.log_format import configure_logging
 from app.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)

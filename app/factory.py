@@ -13,9 +13,9 @@ from litestar.openapi import OpenAPIConfig
 from app.admin.routes import ADMIN_ROUTES
 from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
+from app.observability.routes import OPS_ROUTES
 from app.openai.controller import OPENAI_ROUTES
 from app.openapi_schema import complete_openapi_schema
-from app.ops import OPS_ROUTES
 from app.settings import Settings
 from app.web.errors import ApiError
 from app.web.request_context import RequestIdMiddleware

@@ -30,8 +30,8 @@ from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader
 from app.limits.factory import open_limiter
-from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
+from app.observability.metrics import GatewayMetrics
 from app.openai.service import OpenAIService
 from app.services import Gateway
 from app.settings import Settings, SettingsError

@@ -19,7 +19,7 @@ from app.db.database import Database
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Authenticator
 from app.limits.limiter import Limiter
-from app.metrics import GatewayMetrics
+from app.observability.metrics import GatewayMetrics
 from app.openai.service import OpenAIService
 from app.settings import Settings
 from app.usage.writer import UsageWriter

@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from app.adapters.resolver import ResolvedModel
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
-from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission
-from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
+from app.observability.latency_histogram import HistogramSeries
+from app.observability.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.openai.fan_in import fan_in
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter

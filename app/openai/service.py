@@ -10,7 +10,7 @@ from app.adapters.resolver import ModelResolver
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
-from app.metrics import GatewayMetrics
+from app.observability.metrics import GatewayMetrics
 from app.openai import params as request_params
 from app.openai import replies, streams
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
