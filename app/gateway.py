@@ -18,11 +18,11 @@ from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
-from app.bootstrap import ensure_demo_tenant
 from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
+from app.demo.tenant import ensure_demo_tenant
 from app.engine_clients.interface import EngineClient
 from app.engine_clients.process import ProcessEngineClient
 from app.engine_clients.thread import LocalEngineClient

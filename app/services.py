@@ -14,8 +14,8 @@ from litestar import Request
 from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
-from app.bootstrap import DemoAccess
 from app.db.database import Database
+from app.demo.tenant import DemoAccess
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Authenticator
 from app.limits.limiter import Limiter

@@ -26,7 +26,7 @@ DEMO_QUESTIONS = (
     "Translate 'good morning' into Spanish.",
 )
 DEMO_MAX_TOKENS = 64
-TRAINING_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_demo_adapters.py"
+TRAINING_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_demo_adapters.py"
 
 
 def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Path]:
