@@ -11,11 +11,11 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.routes import ADMIN_ROUTES
+from app.api_docs.schema import complete_openapi_schema
 from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.observability.routes import OPS_ROUTES
 from app.openai.controller import OPENAI_ROUTES
-from app.openapi_schema import complete_openapi_schema
 from app.settings import Settings
 from app.web.errors import ApiError
 from app.web.request_context import RequestIdMiddleware

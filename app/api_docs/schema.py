@@ -10,7 +10,7 @@
   CSV of the usage report.
 - Litestar's own errors: it documents them (a 400 on any route with parameters) in its own shape, which the
   app never sends: app/web/responses.py answers them in OpenAI's, so the schema says ErrorBody.
-- Examples of the response bodies (app/openapi_examples.py).
+- Examples of the response bodies (app/api_docs/examples.py).
 
 What is added here is plain JSON Schema (dicts), which the served schema renders as is.
 """
@@ -23,10 +23,10 @@ import msgspec
 from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
+from app.api_docs.examples import add_response_examples
 from app.openai.responses_schemas import ResponsesRequest
 from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletionChunk, Completion
-from app.openapi_examples import add_response_examples
 from app.web.responses import ERROR_DESCRIPTIONS, JSON
 
 REQUEST_BODIES = (
