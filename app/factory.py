@@ -11,16 +11,16 @@ from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.routes import ADMIN_ROUTES
-from app.engine_client import EngineClient
-from app.errors import ApiError
+from app.api_docs.schema import complete_openapi_schema
+from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
+from app.observability.routes import OPS_ROUTES
 from app.openai.controller import OPENAI_ROUTES
-from app.openapi_schema import complete_openapi_schema
-from app.ops import OPS_ROUTES
-from app.request_context import RequestIdMiddleware
-from app.request_size import request_too_large_handler
 from app.settings import Settings
-from app.web import api_error_handler, http_error_handler, internal_error_handler
+from app.web.errors import ApiError
+from app.web.request_context import RequestIdMiddleware
+from app.web.request_size import request_too_large_handler
+from app.web.responses import api_error_handler, http_error_handler, internal_error_handler
 
 
 def create_app(

@@ -1,4 +1,8 @@
-"""The gateway's services, built and started in the app's lifespan and stopped in reverse order."""
+"""The composition root: the gateway's services built and started in the app's lifespan, stopped in reverse order.
+
+What it builds is the :class:`~app.services.Gateway` record, which handlers read; nothing else in ``app/``
+imports this module (tests/app/test_layout.py checks it).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from litestar import Litestar
@@ -15,21 +18,22 @@ from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.first_admin import ensure_admin_key
-from app.bootstrap import DemoAccess, ensure_demo_tenant
 from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
-from app.engine_client import EngineClient, LocalEngineClient
+from app.demo.tenant import ensure_demo_tenant
+from app.engine_clients.interface import EngineClient
+from app.engine_clients.process import ProcessEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.keys.authenticator import Authenticator
 from app.keys.secrets import load_or_create_key_secret
 from app.limits.budget import usage_loader
 from app.limits.factory import open_limiter
-from app.limits.limiter import Limiter
-from app.metrics import GatewayMetrics
 from app.model_store import resolve_model
+from app.observability.metrics import GatewayMetrics
 from app.openai.service import OpenAIService
-from app.process_engine_client import ProcessEngineClient
+from app.services import Gateway
 from app.settings import Settings, SettingsError
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
@@ -37,29 +41,6 @@ from engine import EngineConfig
 logger = logging.getLogger(__name__)
 
 USAGE_SPILL_FILE = "usage-spill.jsonl"  # usage the database could not take at shutdown; replayed at start
-
-
-@dataclass(slots=True)
-class Gateway:
-    """Everything a handler reaches through ``app.state.gateway``."""
-
-    settings: Settings
-    engine: EngineClient
-    database: Database
-    authenticator: Authenticator
-    writer: UsageWriter
-    metrics: GatewayMetrics
-    limiter: Limiter
-    """Rate limits, concurrency and monthly budgets of the OpenAI routes (in Redis with LORAPLEX_REDIS_URL)."""
-    openai: OpenAIService
-    resolver: ModelResolver
-    key_secret: bytes
-    """Secret of the keyed hash of API keys (admin code creating keys needs it)."""
-    adapters: AdapterService = field(init=False)
-    """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
-    announcements: AdapterAnnouncements = field(init=False)
-    """Applies adapter deletes, unloads and pins announced by any replica (this one included)."""
-    demo: DemoAccess | None = None
 
 
 def make_engine(settings: Settings, database_url: str | None = None) -> EngineClient:
@@ -128,6 +109,16 @@ async def run_gateway(
             await engine.start()
             stack.push_async_callback(engine.stop)
         resolver = ModelResolver(database, engine, settings.home)
+        adapters = AdapterService(database, engine, resolver, settings)
+        stack.push_async_callback(adapters.close)
+        announcements = AdapterAnnouncements(database, engine, resolver, adapters.retire, adapters.unload_here)
+        await announcements.start()
+        stack.push_async_callback(announcements.stop)
+        demo = None
+        if settings.demo:
+            demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
+        if settings.admin_key:
+            await ensure_admin_key(database, key_secret, settings.admin_key)
         gateway = Gateway(
             settings=settings,
             engine=engine,
@@ -141,18 +132,10 @@ async def run_gateway(
             ),
             resolver=resolver,
             key_secret=key_secret,
+            adapters=adapters,
+            announcements=announcements,
+            demo=demo,
         )
-        gateway.adapters = AdapterService(gateway)
-        stack.push_async_callback(gateway.adapters.close)
-        gateway.announcements = announcements = AdapterAnnouncements(
-            database, engine, resolver, gateway.adapters.retire, gateway.adapters.unload_here
-        )
-        await announcements.start()
-        stack.push_async_callback(announcements.stop)
-        if settings.demo:
-            gateway.demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
-        if settings.admin_key:
-            await ensure_admin_key(database, key_secret, settings.admin_key)
         yield gateway
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import uvicorn
 from litestar import Litestar
 
-from app.bootstrap import DemoAccess
-from app.demo import ensure_demo_adapters
+from app.demo.adapters import ensure_demo_adapters
+from app.demo.tenant import DemoAccess
 from app.factory import create_app
 from app.model_store import resolve_model
 from app.settings import Settings

@@ -1,4 +1,4 @@
-"""The engine worker as a process of its own, fed over a socket (app/process_engine_client.py is the other end).
+"""The engine worker as a process of its own, fed over a socket (app/engine_clients/process.py is the other end).
 
 :func:`run_worker_process` is the process's target, started with the "spawn" method (a fresh interpreter:
 nothing of the gateway's threads or event loop is copied). It builds the engine from the frozen config,

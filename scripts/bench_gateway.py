@@ -107,8 +107,8 @@ def serve(
     from app.db.tables import Tenant
     from app.factory import create_app
     from app.keys.service import Scope, create_api_key
-    from app.request_context import RequestIdLogFilter
     from app.settings import Settings
+    from app.web.request_context import RequestIdLogFilter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdLogFilter())

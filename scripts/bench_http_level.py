@@ -29,7 +29,7 @@ from load_server import LocalServer
 from raw_http import RawConnectionPool, encode_request
 from vllm_cpu_server import VllmServer
 
-from app.admin_client import AdminClient
+from app.cli.admin_client import AdminClient
 
 logger = logging.getLogger("bench_http_level")
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.engine_client import LOCAL_WORKER, AdapterInfo
+from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from engine import EngineStats, GrammarConstraint, GrammarError, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
 from engine.logprobs import TokenLogprob

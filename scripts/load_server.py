@@ -1,6 +1,6 @@
 """``loraplex serve`` in a child process, on a temporary data folder, for scripts that load a real server.
 
-The child runs ``python -m app.cli serve`` on 127.0.0.1 with ``LORAPLEX_HOME`` set to a fresh temporary
+The child runs ``python -m app.cli.main serve`` on 127.0.0.1 with ``LORAPLEX_HOME`` set to a fresh temporary
 folder (so the embedded PostgreSQL starts empty there), ``LORAPLEX_MODEL`` set to an existing model folder
 (nothing is converted again), the demo off, and ``LORAPLEX_ADMIN_KEY`` set to a key made here, which the
 server stores on its first start: the parent creates everything else over the admin API. The server's log
@@ -72,7 +72,7 @@ class LocalServer:
             "LORAPLEX_ADMIN_KEY": self.admin_key,
             **self.extra_env,
         }
-        command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [sys.executable, "-m", "app.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         with (self.home / "server.log").open("wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

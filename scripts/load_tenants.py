@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from app.admin_client import AdminClient
+from app.cli.admin_client import AdminClient
 
 logger = logging.getLogger("load_tenants")
 

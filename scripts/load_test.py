@@ -1,6 +1,6 @@
 """Load: many concurrent streaming clients across several tenants and adapters, on the real server.
 
-By default the script starts the real server (``python -m app.cli serve``, see ``load_server.py``) on the
+By default the script starts the real server (``python -m app.cli.main serve``, see ``load_server.py``) on the
 default model with an embedded PostgreSQL in a temporary data folder, builds ``--tenants`` x
 ``--adapters-per-tenant`` distinct PEFT LoRA adapters and creates, over the admin REST API, that many
 tenants without limits, each with an inference key and its own adapters (``load_tenants.py``). With
@@ -53,7 +53,7 @@ from load_stats import MemoryWatch, Tally, summarize
 from load_tenants import LoadTenant, build_adapters, create_tenants, delete_tenants
 from sse_client import StreamResult, stream_request
 
-from app.admin_client import AdminClient
+from app.cli.admin_client import AdminClient
 from app.model_store import resolve_model
 from app.settings import Settings
 

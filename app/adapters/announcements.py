@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.adapters.resolver import ModelResolver
 from app.db.database import Database
 from app.db.tables import Adapter
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from engine.errors import AdapterError
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.adapters.local_cache import ensure_local
 from app.db.database import Database
 from app.db.tables import Adapter
-from app.engine_client import EngineClient
-from app.errors import ModelNotFoundError, ServiceUnavailableError
+from app.engine_clients.interface import EngineClient
+from app.web.errors import ModelNotFoundError, ServiceUnavailableError
 from engine.errors import AdapterError
 
 logger = logging.getLogger(__name__)

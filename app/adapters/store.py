@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.file_rows import save_files
 from app.db.tables import Adapter
-from app.engine_client import AdapterInfo, EngineClient
+from app.engine_clients.interface import AdapterInfo, EngineClient
 
 logger = logging.getLogger(__name__)
 

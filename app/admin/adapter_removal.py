@@ -15,18 +15,17 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from app.adapters.file_rows import drop_files_if_unused
+from app.adapters.resolver import ModelResolver
 from app.adapters.store import remove_stored
+from app.db.database import Database
+from app.engine_clients.interface import EngineClient
 from engine.errors import AdapterBusyError, UnknownAdapterError
-
-if TYPE_CHECKING:
-    from app.gateway import Gateway
 
 logger = logging.getLogger(__name__)
 
-DELETED = "deleted"
 REMOVE_RETRY_S = 0.1  # how often a deleted adapter's removal from the engine is retried while requests use it
 REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this the engine copy is left (logged)
 
@@ -34,11 +33,13 @@ REMOVE_TIMEOUT_S = 600.0  # a long CPU completion can take minutes; past this th
 class AdapterRemovals:
     """The deleted adapters the engine may still hold, and the background tasks waiting to remove them."""
 
-    def __init__(self, gateway: Gateway, store_lock: asyncio.Lock) -> None:
-        self.database = gateway.database
-        self.engine = gateway.engine
-        self.resolver = gateway.resolver
-        self.settings = gateway.settings
+    def __init__(
+        self, database: Database, engine: EngineClient, resolver: ModelResolver, home: Path, store_lock: asyncio.Lock
+    ) -> None:
+        self.database = database
+        self.engine = engine
+        self.resolver = resolver
+        self.home = home  # the data folder, whose store holds the local copies of adapters' files
         self.timeout_s = REMOVE_TIMEOUT_S
         self._store_lock = store_lock  # moving into the store and recording, against removing stored folders
         self._held: dict[uuid.UUID, str] = {}  # deleted adapters the engine may still hold → their digest
@@ -123,7 +124,7 @@ class AdapterRemovals:
             async with self.database.sessions() as session, session.begin():
                 if not await drop_files_if_unused(session, digest):
                     return
-            await asyncio.to_thread(remove_stored, self.settings.home, digest)
+            await asyncio.to_thread(remove_stored, self.home, digest)
 
     async def wait(self, timeout_s: float | None = None) -> None:
         """Wait until the engine copies of deleted adapters are removed (or ``timeout_s`` passes)."""

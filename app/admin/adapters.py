@@ -13,12 +13,14 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import PathParameter
 
-from app.admin.adapter_service import ADAPTER_NAME, AdapterService
+from app.admin.adapter_service import AdapterService
+from app.admin.adapter_uploads import ADAPTER_NAME
 from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
-from app.errors import BadRequestError
-from app.web import ErrorBody, gateway_of
+from app.services import gateway_of
+from app.web.errors import BadRequestError
+from app.web.responses import ErrorBody
 
 TenantId = Annotated[uuid.UUID, PathParameter(description="The tenant's id.")]
 AdapterId = Annotated[uuid.UUID, PathParameter(description="The adapter's id, as its upload returned it.")]

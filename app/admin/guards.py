@@ -6,7 +6,7 @@ from litestar import Request
 
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
-from app.web import gateway_of
+from app.services import gateway_of
 
 
 async def require_admin(request: Request) -> Principal:

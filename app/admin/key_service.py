@@ -23,10 +23,10 @@ from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, Ke
 from app.admin.tenant_service import LIMIT_FIELDS, audit_view, refuse_if_deleted
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
-from app.errors import ConflictError, NotFoundError
 from app.keys.authenticator import Authenticator, Principal
 from app.keys.secrets import hash_api_key, key_prefix
 from app.keys.service import create_api_key, revoke_api_key
+from app.web.errors import ConflictError, NotFoundError
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from litestar.params import Body, Parameter
 from app.admin.key_service import KeyService
 from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
 from app.admin.tenants import TenantId, admin_of, admin_only
-from app.json_body import strict_json
-from app.web import error_responses, gateway_of
+from app.services import gateway_of
+from app.web.json_body import strict_json
+from app.web.responses import error_responses
 
 KeyId = Annotated[uuid.UUID, Parameter(description="The key's id (not its prefix), as listings show it.")]
 

@@ -32,8 +32,8 @@ from app.admin.audit import record_change
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
-from app.errors import ConflictError, NotFoundError
 from app.keys.authenticator import Authenticator, Principal
+from app.web.errors import ConflictError, NotFoundError
 
 logger = logging.getLogger(__name__)
 

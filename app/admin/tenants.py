@@ -18,9 +18,10 @@ from litestar.params import Body, Parameter
 from app.admin.guards import require_admin
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.admin.tenant_service import TenantService
-from app.json_body import strict_json
 from app.keys.authenticator import Principal
-from app.web import error_responses, gateway_of
+from app.services import gateway_of
+from app.web.json_body import strict_json
+from app.web.responses import error_responses
 
 ADMIN_STATE = "admin"  # where admin_only leaves the caller, in the request's state
 

@@ -29,7 +29,7 @@ from typing import BinaryIO
 from multipart import MultipartError, MultipartSegment, ParserLimitReached, PushMultipartParser, parse_options_header
 
 from app.adapters.store import ADAPTER_FILES
-from app.errors import ApiError, BadRequestError
+from app.web.errors import ApiError, BadRequestError
 
 logger = logging.getLogger(__name__)
 

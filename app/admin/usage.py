@@ -24,7 +24,8 @@ from app.admin.usage_service import (
     usage_filename,
     usage_report,
 )
-from app.web import ERROR_RESPONSES, gateway_of, json_response
+from app.services import gateway_of
+from app.web.responses import ERROR_RESPONSES, json_response
 
 StartParam = Annotated[str | None, QueryParameter(description="First day (UTC), YYYY-MM-DD", format="date")]
 EndParam = Annotated[str | None, QueryParameter(description="Last day (UTC), included; default: today", format="date")]

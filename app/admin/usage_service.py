@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from app.db.database import Database
 from app.db.tables import Adapter, Tenant
-from app.errors import BadRequestError
+from app.web.errors import BadRequestError
 
 DEFAULT_DAYS = 30  # a report with no dates covers the last 30 days, today included
 DATE_PATTERN = re.compile(r"\d{4}-\d{2}-\d{2}")  # date.fromisoformat alone also takes 20261101 and 2026-W44-1

@@ -30,8 +30,8 @@ from ray.exceptions import RayError, RayTaskError
 
 from app.adapters.store import copy_into_store
 from app.cluster.deployment import EngineDeployment, RaySettings, deploy_engine, shut_down
-from app.engine_client import AdapterInfo
-from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
+from app.engine_clients.interface import AdapterInfo
+from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import EngineDeadError, EngineError, RequestFailedError, UnknownAdapterError

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from app.errors import AuthenticationError, PermissionDeniedError
 from app.keys.secrets import KEY_TAG
+from app.web.errors import AuthenticationError, PermissionDeniedError
 
 MAX_ECHOED_SCHEME_CHARS = 20  # a longer "scheme" is more likely a pasted secret than a scheme name
 

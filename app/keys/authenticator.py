@@ -39,7 +39,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
-from app.errors import ServiceUnavailableError
 from app.keys.auth_errors import (
     ExpiredApiKeyError,
     IncorrectApiKeyError,
@@ -51,6 +50,7 @@ from app.keys.auth_errors import (
 from app.keys.secrets import hash_api_key, key_prefix
 from app.keys.service import Scope
 from app.limits.limits import NO_LIMITS, Limits
+from app.web.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.errors import AuthenticationError
+from app.web.errors import AuthenticationError
 
 logger = logging.getLogger(__name__)
 

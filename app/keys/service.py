@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.tables import ApiKey, Tenant
-from app.errors import BadRequestError, NotFoundError
 from app.keys.secrets import generate_api_key, hash_api_key
+from app.web.errors import BadRequestError, NotFoundError
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from app.errors import ServiceUnavailableError
 from app.limits.limits import Limits
+from app.web.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 

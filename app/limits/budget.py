@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.database import Database
 from app.db.tables import UsageEvent
-from app.errors import ServiceUnavailableError
+from app.web.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 

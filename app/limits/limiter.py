@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from app.errors import ApiError, InsufficientQuotaError, RateLimitError
 from app.keys.authenticator import Principal
 from app.limits.budget import month_bounds
 from app.limits.store import Ask, LimitStore, Month, Seen, Settle
+from app.web.errors import ApiError, InsufficientQuotaError, RateLimitError
 
 CONCURRENCY_RETRY_S = 1.0  # a slot frees when a running request ends, which nobody can foresee: look again soon
 MS_PER_S = 1000

@@ -16,15 +16,16 @@ from litestar.openapi.spec import Example
 from litestar.params import Body
 from litestar.response import Stream
 
-from app.disconnect import cancel_on_disconnect
-from app.errors import ApiError
-from app.json_body import strict_json
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
 from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelList
-from app.web import ERROR_RESPONSES, ErrorBody, error_responses, gateway_of, request_id_of
+from app.services import gateway_of
+from app.web.disconnect import cancel_on_disconnect
+from app.web.errors import ApiError
+from app.web.json_body import strict_json
+from app.web.responses import ERROR_RESPONSES, ErrorBody, error_responses, request_id_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DESCRIPTION = (

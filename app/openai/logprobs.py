@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.openai.schemas_responses import (
     ChatLogprobs,
     ChatTokenLogprob,

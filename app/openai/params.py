@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.errors import BadRequestError
 from app.openai.prompts import ContextLengthError
 from app.openai.schemas import (
     MAX_ABS_LOGIT_BIAS,
@@ -21,6 +20,7 @@ from app.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from app.web.errors import BadRequestError
 from engine import GrammarConstraint, RequestError, SamplingParams
 
 Body = ChatCompletionRequest | CompletionRequest

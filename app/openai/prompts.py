@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.engine_client import EngineClient
-from app.errors import BadRequestError, ServiceUnavailableError
+from app.engine_clients.interface import EngineClient
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.tools import ToolPlan, render_messages
+from app.web.errors import BadRequestError, ServiceUnavailableError
 
 OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.openai import logprobs as shaping
 from app.openai.params import Shown
 from app.openai.prompts import Prompt

@@ -15,7 +15,6 @@ from typing import Any
 
 import msgspec
 
-from app.errors import ApiError, BadRequestError
 from app.openai.replies import Reply
 from app.openai.responses_schemas import (
     OutputMessage,
@@ -26,6 +25,7 @@ from app.openai.responses_schemas import (
 )
 from app.openai.schemas import ChatCompletionRequest, ChatMessage, JsonSchemaFormat, ResponseFormat
 from app.openai.tools import TOOL_NAME
+from app.web.errors import ApiError, BadRequestError
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError
 

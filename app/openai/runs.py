@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app.adapters.resolver import ResolvedModel
-from app.engine_client import EngineClient
-from app.errors import InternalError, ServiceUnavailableError
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
-from app.latency_histogram import HistogramSeries
 from app.limits.limiter import Admission
-from app.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
+from app.observability.latency_histogram import HistogramSeries
+from app.observability.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.openai.fan_in import fan_in
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
+from app.web.errors import InternalError, ServiceUnavailableError
 from engine import RequestFailedError, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)

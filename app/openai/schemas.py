@@ -243,7 +243,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     # OpenAI takes a string, token ids, or a list of either; msgspec allows one list type per union,
     # so the list's items are checked when the prompt is encoded. PROMPT_SCHEMA states what passes; the
-    # OpenAPI schema shows it in place of msgspec's looser one (app/openapi_schema.py).
+    # OpenAPI schema shows it in place of msgspec's looser one (app/api_docs/schema.py).
     prompt: Annotated[str | list[str | int | list[int]], Meta(description=PROMPT_DESCRIPTION)]
     max_tokens: Annotated[
         Annotated[int, _documented(minimum=0)] | None,

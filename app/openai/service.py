@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from app.adapters.resolver import ModelResolver
-from app.engine_client import EngineClient
-from app.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
+from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
-from app.metrics import GatewayMetrics
+from app.observability.metrics import GatewayMetrics
 from app.openai import params as request_params
 from app.openai import replies, streams
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
@@ -30,6 +29,7 @@ from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, 
 from app.openai.structured import output_constraint
 from app.openai.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
 from app.usage.writer import UsageWriter
+from app.web.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from engine import GrammarConstraint, GrammarError, RequestOutput
 from engine.errors import EngineDeadError, RequestError, UnknownAdapterError
 

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgspec
 
-from app.errors import ApiError, ServiceUnavailableError
 from app.openai.replies import CompletionPiece, Reply, assistant_message
 from app.openai.schemas_responses import (
     ChatChunkChoice,
@@ -24,6 +23,7 @@ from app.openai.schemas_responses import (
     ToolCallDelta,
     Usage,
 )
+from app.web.errors import ApiError, ServiceUnavailableError
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError
 

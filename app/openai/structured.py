@@ -7,9 +7,9 @@ checked by the service, off the event loop, before the request is admitted.
 
 from __future__ import annotations
 
-from app.errors import BadRequestError
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.tools import ToolPlan, tool_plan
+from app.web.errors import BadRequestError
 from engine import GrammarConstraint, GrammarError
 
 

@@ -19,9 +19,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import BadRequestError
 from app.openai.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 from app.openai.schemas_responses import ResponseFunctionCall, ResponseToolCall
+from app.web.errors import BadRequestError
 from engine import GrammarConstraint, GrammarError
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -8,8 +8,8 @@ carry no padding). The rest below take only the values listed in their error mes
 
 from __future__ import annotations
 
-from app.errors import BadRequestError
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.web.errors import BadRequestError
 
 
 def refuse_unsupported_chat(body: ChatCompletionRequest) -> None:

@@ -11,9 +11,10 @@ import pytest
 
 from app.cluster.ray_client import RayEngineClient
 from app.db.migrate import upgrade
-from app.engine_client import EngineClient, LocalEngineClient
+from app.engine_clients.interface import EngineClient
+from app.engine_clients.process import ProcessEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.model_store import resolve_model
-from app.process_engine_client import ProcessEngineClient
 from app.settings import Settings
 from tests.app.gateway_fixtures import (
     TenantKey,

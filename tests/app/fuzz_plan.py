@@ -58,9 +58,9 @@ from sqlalchemy import select
 from app.adapters.store import register_adapter
 from app.admin.usage_service import MAX_DAYS
 from app.db.tables import ApiKey, Tenant
-from app.gateway import Gateway
 from app.keys.service import Scope, create_api_key
 from app.openai.schemas import MAX_TOKEN_ID
+from app.services import Gateway
 
 SCHEMA_PATH = "/schema/openapi.json"
 FUZZ_SEED = 7  # a fixed seed: CI sees the same requests on every run, and a failure replays as it was found

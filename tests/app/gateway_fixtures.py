@@ -16,12 +16,13 @@ from sqlalchemy import select
 
 from app.adapters.store import register_adapter
 from app.db.tables import Tenant, UsageEvent
-from app.engine_client import EngineClient, LocalEngineClient
+from app.engine_clients.interface import EngineClient
+from app.engine_clients.process import ProcessEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.factory import create_app
-from app.gateway import Gateway
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
-from app.process_engine_client import ProcessEngineClient
+from app.services import Gateway
 from app.settings import Settings
 from engine import EngineConfig
 

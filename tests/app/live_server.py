@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 import uvicorn
 from litestar import Litestar
 
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.factory import create_app
-from app.gateway import Gateway
+from app.services import Gateway
 from app.settings import Settings
 
 START_TIMEOUT_S = 30.0

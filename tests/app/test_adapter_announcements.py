@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +22,9 @@ import pytest
 from sqlalchemy import update
 
 from app.db.tables import Adapter
-from app.engine_client import LocalEngineClient
-from app.gateway import Gateway
+from app.engine_clients.thread import LocalEngineClient
 from app.keys.service import Scope
+from app.services import Gateway
 from app.settings import Settings
 from tests.app.gateway_fixtures import (
     TenantKey,
@@ -84,139 +83,118 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(tmp_path: Path, database_url: str, default_engine, replica_engine, tenant_adapters):
-    """Starts replica A and replica B (each with its own data folder) on one database."""
+async def replicas(
+    tmp_path: Path, database_url: str, default_engine, replica_engine, tenant_adapters
+) -> AsyncIterator[Replicas]:
+    """Replica A and replica B (each with its own data folder) on one database, ``alpha`` uploaded through A."""
 
     def settings(home: Path) -> Settings:
         return dataclasses.replace(replica_settings(home, database_url), key_secret=SHARED_KEY_SECRET)
 
-    @asynccontextmanager
-    async def start() -> AsyncIterator[Replicas]:
-        async with (
-            gateway_client(settings(tmp_path / "a"), default_engine) as (client_a, gateway_a),
-            gateway_client(settings(tmp_path / "b"), replica_engine) as (client_b, gateway_b),
-        ):
-            admin = await make_tenant(gateway_a, "ops", scopes=(Scope.ADMIN,))
-            acme = await make_tenant(gateway_a, "acme")
-            adapter = (await upload(client_a, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
-            # B never saw the upload: its first request fills B's cache folder from the database.
-            served = await client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=acme.headers)
-            assert served.status_code == 200, served.text
-            assert (gateway_b.settings.home / "adapters" / adapter["digest"]).is_dir()
-            yield Replicas(client_a, client_b, gateway_b, admin, acme, adapter)
-
-    return start
+    async with (
+        gateway_client(settings(tmp_path / "a"), default_engine) as (client_a, gateway_a),
+        gateway_client(settings(tmp_path / "b"), replica_engine) as (client_b, gateway_b),
+    ):
+        admin = await make_tenant(gateway_a, "ops", scopes=(Scope.ADMIN,))
+        acme = await make_tenant(gateway_a, "acme")
+        adapter = (await upload(client_a, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
+        # B never saw the upload: its first request fills B's cache folder from the database.
+        served = await client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=acme.headers)
+        assert served.status_code == 200, served.text
+        assert (gateway_b.settings.home / "adapters" / adapter["digest"]).is_dir()
+        yield Replicas(client_a, client_b, gateway_b, admin, acme, adapter)
 
 
-async def test_delete_on_one_replica_is_404_on_the_other_within_a_second(replicas, replica_engine):
-    async with replicas() as r:
-        client_a, client_b, gateway_b, admin, acme, adapter = (
-            r.client_a,
-            r.client_b,
-            r.gateway_b,
-            r.admin,
-            r.acme,
-            r.adapter,
-        )
-        assert replica_engine.has_adapter(adapter["id"])
-        asked_at = time.perf_counter()  # measured from the admin's request: an upper bound on the propagation
-        assert (await client_a.delete(f"/admin/adapters/{adapter['id']}", headers=admin.headers)).status_code == 200
-        await seconds_until(lambda: not replica_engine.has_adapter(adapter["id"]), asked_at)
-        answer = await client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=acme.headers)
-        elapsed = time.perf_counter() - asked_at
-        assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
-        logger.info("propagated delete in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
-        await gateway_b.adapters.wait_for_removals(5.0)
-        assert not (gateway_b.settings.home / "adapters" / adapter["digest"]).exists()  # B's cache is cleaned too
+async def test_delete_on_one_replica_is_404_on_the_other_within_a_second(replicas: Replicas, replica_engine):
+    r = replicas
+    assert replica_engine.has_adapter(r.adapter["id"])
+    asked_at = time.perf_counter()  # measured from the admin's request: an upper bound on the propagation
+    assert (await r.client_a.delete(f"/admin/adapters/{r.adapter['id']}", headers=r.admin.headers)).status_code == 200
+    await seconds_until(lambda: not replica_engine.has_adapter(r.adapter["id"]), asked_at)
+    answer = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    elapsed = time.perf_counter() - asked_at
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
+    logger.info("propagated delete in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    await r.gateway_b.adapters.wait_for_removals(5.0)
+    assert not (r.gateway_b.settings.home / "adapters" / r.adapter["digest"]).exists()  # B's cache is cleaned too
 
 
-async def test_pin_and_unpin_on_one_replica_apply_on_the_other_within_a_second(replicas, replica_engine):
-    async with replicas() as r:
-        client_a, client_b, admin, adapter = r.client_a, r.client_b, r.admin, r.adapter
-        url, name = f"/admin/adapters/{adapter['id']}", adapter["id"]
-        assert not engine_pinned(replica_engine, name)
-        asked_at = time.perf_counter()
-        assert (await client_a.post(f"{url}/pin", headers=admin.headers)).json()["pinned"] is True
-        elapsed = await seconds_until(lambda: engine_pinned(replica_engine, name), asked_at)
-        assert (await client_b.get(url, headers=admin.headers)).json()["pinned"] is True  # from the column
-        logger.info("propagated pin in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
+async def test_pin_and_unpin_on_one_replica_apply_on_the_other_within_a_second(replicas: Replicas, replica_engine):
+    r = replicas
+    url, name = f"/admin/adapters/{r.adapter['id']}", r.adapter["id"]
+    assert not engine_pinned(replica_engine, name)
+    asked_at = time.perf_counter()
+    assert (await r.client_a.post(f"{url}/pin", headers=r.admin.headers)).json()["pinned"] is True
+    elapsed = await seconds_until(lambda: engine_pinned(replica_engine, name), asked_at)
+    assert (await r.client_b.get(url, headers=r.admin.headers)).json()["pinned"] is True  # from the column
+    logger.info("propagated pin in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
 
-        asked_at = time.perf_counter()
-        assert (await client_a.post(f"{url}/pin", json={"pinned": False}, headers=admin.headers)).status_code == 200
-        elapsed = await seconds_until(lambda: not engine_pinned(replica_engine, name), asked_at)
-        logger.info("propagated unpin in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
-        assert (await client_b.get(url, headers=admin.headers)).json()["pinned"] is False
-        assert replica_engine.has_adapter(name)  # unpinned, still registered
+    asked_at = time.perf_counter()
+    assert (await r.client_a.post(f"{url}/pin", json={"pinned": False}, headers=r.admin.headers)).status_code == 200
+    elapsed = await seconds_until(lambda: not engine_pinned(replica_engine, name), asked_at)
+    logger.info("propagated unpin in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    assert (await r.client_b.get(url, headers=r.admin.headers)).json()["pinned"] is False
+    assert replica_engine.has_adapter(name)  # unpinned, still registered
 
 
-async def test_unload_on_one_replica_unloads_the_other_within_a_second(replicas, replica_engine):
-    async with replicas() as r:
-        client_a, client_b, admin, acme, adapter = r.client_a, r.client_b, r.admin, r.acme, r.adapter
-        asked_at = time.perf_counter()
-        unloaded = await client_a.post(f"/admin/adapters/{adapter['id']}/unload", headers=admin.headers)
-        assert unloaded.status_code == 200
-        elapsed = await seconds_until(lambda: not replica_engine.has_adapter(adapter["id"]), asked_at)
-        logger.info("propagated unload in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
-        again = await client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=acme.headers)
-        assert again.status_code == 200 and replica_engine.has_adapter(adapter["id"])  # the next request loads it
+async def test_unload_on_one_replica_unloads_the_other_within_a_second(replicas: Replicas, replica_engine):
+    r = replicas
+    asked_at = time.perf_counter()
+    unloaded = await r.client_a.post(f"/admin/adapters/{r.adapter['id']}/unload", headers=r.admin.headers)
+    assert unloaded.status_code == 200
+    elapsed = await seconds_until(lambda: not replica_engine.has_adapter(r.adapter["id"]), asked_at)
+    logger.info("propagated unload in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    again = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert again.status_code == 200 and replica_engine.has_adapter(r.adapter["id"])  # the next request loads it
 
 
 async def test_a_replica_that_lost_its_connection_reconnects_and_catches_up(
-    replicas, replica_engine, database_url, tenant_adapters
+    replicas: Replicas, replica_engine, database_url, tenant_adapters
 ):
-    async with replicas() as r:
-        client_a, client_b, gateway_b, admin, acme, adapter = (
-            r.client_a,
-            r.client_b,
-            r.gateway_b,
-            r.admin,
-            r.acme,
-            r.adapter,
-        )
-        beta = (await upload(client_a, admin, acme.tenant_id, "beta", tenant_adapters["beta"])).json()
-        assert (
-            await client_b.post(CHAT, json=chat_body("beta", max_tokens=1), headers=acme.headers)
-        ).status_code == 200
-        listener = gateway_b.announcements
-        await seconds_until(lambda: listener.backend_pid is not None)
-        pid, connections = listener.backend_pid, listener.num_connections
+    r = replicas
+    beta = (await upload(r.client_a, r.admin, r.acme.tenant_id, "beta", tenant_adapters["beta"])).json()
+    served = await r.client_b.post(CHAT, json=chat_body("beta", max_tokens=1), headers=r.acme.headers)
+    assert served.status_code == 200
+    listener = r.gateway_b.announcements
+    await seconds_until(lambda: listener.backend_pid is not None)
+    pid, connections = listener.backend_pid, listener.num_connections
 
-        # Changes nobody announces, as if made while B was not listening: only a catch-up finds them.
-        async with gateway_b.database.sessions() as session, session.begin():
-            await session.execute(update(Adapter).where(Adapter.name == "alpha").values(pinned=True))
-            await session.execute(update(Adapter).where(Adapter.name == "beta").values(status="deleted"))
-        killer = await asyncpg.connect(database_url)
-        try:
-            assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
-        finally:
-            await killer.close()
-        killed_at = time.perf_counter()
-        await seconds_until(lambda: listener.num_connections > connections)
-        await seconds_until(lambda: engine_pinned(replica_engine, adapter["id"]))
-        await seconds_until(lambda: not replica_engine.has_adapter(beta["id"]))
-        elapsed = time.perf_counter() - killed_at
-        logger.info("reconnected and caught up in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
-        assert listener.backend_pid not in (None, pid)
-        gone = await client_b.post(CHAT, json=chat_body("beta", max_tokens=1), headers=acme.headers)
-        assert gone.status_code == 404
+    # Changes nobody announces, as if made while B was not listening: only a catch-up finds them.
+    async with r.gateway_b.database.sessions() as session, session.begin():
+        await session.execute(update(Adapter).where(Adapter.name == "alpha").values(pinned=True))
+        await session.execute(update(Adapter).where(Adapter.name == "beta").values(status="deleted"))
+    killer = await asyncpg.connect(database_url)
+    try:
+        assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await killer.close()
+    killed_at = time.perf_counter()
+    await seconds_until(lambda: listener.num_connections > connections)
+    await seconds_until(lambda: engine_pinned(replica_engine, r.adapter["id"]))
+    await seconds_until(lambda: not replica_engine.has_adapter(beta["id"]))
+    elapsed = time.perf_counter() - killed_at
+    logger.info("reconnected and caught up in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    assert listener.backend_pid not in (None, pid)
+    gone = await r.client_b.post(CHAT, json=chat_body("beta", max_tokens=1), headers=r.acme.headers)
+    assert gone.status_code == 404
 
 
 async def test_a_replacing_upload_retires_the_old_adapter_on_the_other_replica(
-    replicas, replica_engine, tenant_adapters
+    replicas: Replicas, replica_engine, tenant_adapters
 ):
-    async with replicas() as r:
-        old = r.adapter
-        asked_at = time.perf_counter()
-        replaced = await upload(r.client_a, r.admin, r.acme.tenant_id, "alpha", tenant_adapters["beta"], replace="true")
-        assert replaced.status_code == 201, replaced.text
-        elapsed = await seconds_until(lambda: not replica_engine.has_adapter(old["id"]), asked_at)
-        logger.info("propagated a replacing upload in %.3f s", elapsed)
-        assert elapsed <= MAX_PROPAGATION_S
-        answer = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
-        assert answer.status_code == 200 and replica_engine.has_adapter(replaced.json()["id"])  # the new one
-        assert r.gateway_b.resolver.is_retired(uuid.UUID(old["id"]))
+    r = replicas
+    old = r.adapter
+    asked_at = time.perf_counter()
+    replaced = await upload(r.client_a, r.admin, r.acme.tenant_id, "alpha", tenant_adapters["beta"], replace="true")
+    assert replaced.status_code == 201, replaced.text
+    elapsed = await seconds_until(lambda: not replica_engine.has_adapter(old["id"]), asked_at)
+    logger.info("propagated a replacing upload in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    answer = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert answer.status_code == 200 and replica_engine.has_adapter(replaced.json()["id"])  # the new one
+    assert r.gateway_b.resolver.is_retired(uuid.UUID(old["id"]))

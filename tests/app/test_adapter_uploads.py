@@ -20,8 +20,8 @@ from sqlalchemy import func, select, update
 
 from app.admin.upload import UploadTooLargeError, staged_upload
 from app.db.tables import Adapter, AuditLog, Tenant
-from app.errors import BadRequestError
 from app.keys.service import Scope
+from app.web.errors import BadRequestError
 from tests.app.gateway_fixtures import gateway_client, make_tenant
 from tests.app.test_admin_adapters import adapter_files, adapters_url
 from tests.engine.lora_helpers import make_peft_adapter

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.admin import adapter_service
+from app.admin import adapter_residency
 from app.db.tables import Adapter, AuditLog
 from app.keys.service import Scope
 from tests.app.gateway_fixtures import TenantKey, chat_body, gateway_client, make_tenant, on_both_engines, usage_rows
@@ -273,7 +273,7 @@ async def test_openapi_documents_the_adapter_routes(gateway_settings, default_en
 
 @pytest.fixture
 def server(gateway_settings, default_engine, monkeypatch) -> Iterator[LiveServer]:
-    monkeypatch.setattr(adapter_service, "UNLOAD_WAIT_S", 0.3)  # answer 409 quickly while the stream runs
+    monkeypatch.setattr(adapter_residency, "UNLOAD_WAIT_S", 0.3)  # answer 409 quickly while the stream runs
     with live_server(gateway_settings, default_engine) as running:
         yield running
 

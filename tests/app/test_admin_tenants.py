@@ -17,7 +17,7 @@ from sqlalchemy import select
 from app.admin.tenants import TENANT_ROUTES
 from app.db.migrate import alembic_config, upgrade
 from app.db.tables import Adapter, ApiKey, AuditLog, Tenant
-from app.gateway import Gateway
+from app.services import Gateway
 from tests.app.gateway_fixtures import TenantKey, chat_body, gateway_client, make_tenant, usage_rows
 
 pytestmark = pytest.mark.anyio

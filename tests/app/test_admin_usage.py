@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 import pytest
 
 from app.db.tables import Adapter, Tenant, UsageEvent
-from app.gateway import Gateway
+from app.services import Gateway
 from tests.app.gateway_fixtures import gateway_client, make_tenant
 
 pytestmark = pytest.mark.anyio

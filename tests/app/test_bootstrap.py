@@ -8,7 +8,7 @@ import subprocess
 import openai
 import pytest
 
-from app.bootstrap import ensure_demo_tenant
+from app.demo.tenant import ensure_demo_tenant
 from app.serve import banner
 from tests.app.live_server import live_server
 

@@ -14,7 +14,7 @@ import click.testing
 import httpx
 import pytest
 
-from app.cli import cli
+from app.cli.main import cli
 from app.keys.secrets import KEY_PATTERN
 from tests.app.gateway_fixtures import chat_body, make_tenant
 from tests.app.live_server import LiveServer, free_port, live_server
@@ -29,7 +29,7 @@ Loraplex = Callable[..., click.testing.Result]
 @pytest.fixture(autouse=True)
 def quiet_cli_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI sends all logging to its stderr; the server runs in this process, so its lines would land there."""
-    monkeypatch.setattr("app.cli.configure_logging", lambda json_lines: None)
+    monkeypatch.setattr("app.cli.main.configure_logging", lambda json_lines: None)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import click.testing
 import pytest
 import torch
 
-from app.cli import cli
+from app.cli.main import cli
 from kernels import op_checks
 from kernels.backend import KernelBackend
 from kernels.native_cpu import native_ops, unavailable_reason

@@ -6,8 +6,8 @@ import pytest
 
 from app.cluster.deployment import RaySettings
 from app.cluster.ray_client import RayEngineClient, merge_stats
+from app.engine_clients.process import ProcessEngineClient
 from app.gateway import make_engine
-from app.process_engine_client import ProcessEngineClient
 from app.settings import Settings, SettingsError
 from engine import EngineStats
 

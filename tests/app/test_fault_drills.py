@@ -21,7 +21,7 @@ import pytest
 
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
-from app.engine_client import LocalEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from engine import Engine
 from engine.outputs import EngineStats
 from tests.app.gateway_fixtures import (

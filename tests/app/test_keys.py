@@ -17,14 +17,6 @@ from sqlalchemy import event, text, update
 
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
-from app.errors import (
-    ApiError,
-    AuthenticationError,
-    BadRequestError,
-    NotFoundError,
-    PermissionDeniedError,
-    ServiceUnavailableError,
-)
 from app.keys.auth_errors import (
     ExpiredApiKeyError,
     IncorrectApiKeyError,
@@ -43,6 +35,14 @@ from app.keys.secrets import (
     load_or_create_key_secret,
 )
 from app.keys.service import Scope, create_api_key, revoke_api_key
+from app.web.errors import (
+    ApiError,
+    AuthenticationError,
+    BadRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
 
 pytestmark = pytest.mark.anyio
 

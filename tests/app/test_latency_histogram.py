@@ -5,7 +5,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from app.latency_histogram import LatencyHistogram
+from app.observability.latency_histogram import LatencyHistogram
 
 BUCKETS = (0.005, 0.01, 0.5, 1.0)
 

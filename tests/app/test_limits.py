@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.adapters.resolver import ResolvedModel
-from app.errors import InsufficientQuotaError, RateLimitError
 from app.keys.authenticator import Principal
 from app.limits.backend_failure import BackendFailures, FailurePolicy
 from app.limits.factory import redis_client
@@ -26,9 +25,10 @@ from app.limits.limits import NO_LIMITS, Limits
 from app.limits.memory_store import MemoryStore
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore
-from app.metrics import GatewayMetrics
+from app.observability.metrics import GatewayMetrics
 from app.openai.runs import Run, Submission, metered_outputs
 from app.usage.records import UsageRecord
+from app.web.errors import InsufficientQuotaError, RateLimitError
 from engine import RequestOutput, SamplingParams
 from engine.errors import RequestError
 

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db.tables import Tenant, UsageEvent
-from app.gateway import Gateway
+from app.services import Gateway
 from app.settings import Settings
 from tests.app import gateway_fixtures
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows

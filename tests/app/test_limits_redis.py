@@ -15,14 +15,14 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from app.errors import InsufficientQuotaError, RateLimitError, ServiceUnavailableError
 from app.limits.backend_failure import BackendFailures, FailurePolicy
 from app.limits.factory import failure_policy, open_limiter, redis_client
 from app.limits.limiter import Admission, Limiter
 from app.limits.limits import Limits
 from app.limits.redis_store import RedisStore
-from app.metrics import GatewayMetrics
+from app.observability.metrics import GatewayMetrics
 from app.settings import Settings, SettingsError
+from app.web.errors import InsufficientQuotaError, RateLimitError, ServiceUnavailableError
 from tests.app.redis_server import RedisServer, real_redis
 from tests.app.test_limits import KEY_A, TENANT_ID, FakeUsage, caller, refused
 

@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from app import model_store
-from app.cli import main
+from app.cli.main import main
 from app.model_store import (
     DEFAULT_MODEL_NAME,
     ModelNotFoundError,

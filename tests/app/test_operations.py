@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from app.db.database import Database
-from app.log_format import JsonLogFormatter
-from app.request_context import RequestIdLogFilter
+from app.observability.log_format import JsonLogFormatter
+from app.web.request_context import RequestIdLogFilter
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant
 
 pytestmark = pytest.mark.anyio

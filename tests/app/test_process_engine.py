@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.engine_client import EngineClient, LocalEngineClient
-from app.process_engine_client import ProcessEngineClient
+from app.engine_clients.interface import EngineClient
+from app.engine_clients.process import ProcessEngineClient
+from app.engine_clients.thread import LocalEngineClient
 from app.settings import Settings
 from engine import EngineConfig, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import ConfigError, EngineDeadError, RequestError, UnknownAdapterError

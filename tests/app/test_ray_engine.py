@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.cluster.ray_client import RayEngineClient
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.model_store import resolve_model
 from engine import SamplingParams
 from engine.errors import UnknownAdapterError

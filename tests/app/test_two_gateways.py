@@ -20,7 +20,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app.admin_client import AdminClient
+from app.cli.admin_client import AdminClient
 from app.db.database import Database
 from app.db.tables import Tenant
 from app.keys.secrets import generate_api_key

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from litestar import Request
 
-from app.errors import ApiError
+from app.web.errors import ApiError
 
 T = TypeVar("T")
 

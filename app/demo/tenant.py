@@ -18,7 +18,7 @@ from app.adapters.store import register_adapter
 from app.admin.first_admin import ADMIN_TENANT
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
-from app.engine_client import EngineClient
+from app.engine_clients.interface import EngineClient
 from app.keys.secrets import hash_api_key
 from app.keys.service import Scope, create_api_key
 

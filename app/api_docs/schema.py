@@ -3,14 +3,14 @@
 - Request bodies: Litestar's schema of a msgspec Struct leaves out part of what msgspec enforces: that unknown
   fields are refused (``additionalProperties: false``), constraints on a member of a union (``rpm_limit``: an
   integer from 0, or null) and constraints that are zero. The bodies are decoded by msgspec, strictly
-  (app/json_body.py), so msgspec's own JSON Schema of them is the exact contract: it replaces Litestar's
+  (app/web/json_body.py), so msgspec's own JSON Schema of them is the exact contract: it replaces Litestar's
   components of the same names, keeping their examples.
 - Second media types of one answer (a response spec has one): the SSE stream of the completion routes, each
   event's data a chunk as JSON, an error, or ``[DONE]``; the Responses route's stream of typed events; and the
   CSV of the usage report.
 - Litestar's own errors: it documents them (a 400 on any route with parameters) in its own shape, which the
-  app never sends: app/web.py answers them in OpenAI's, so the schema says ErrorBody.
-- Examples of the response bodies (app/openapi_examples.py).
+  app never sends: app/web/responses.py answers them in OpenAI's, so the schema says ErrorBody.
+- Examples of the response bodies (app/api_docs/examples.py).
 
 What is added here is plain JSON Schema (dicts), which the served schema renders as is.
 """
@@ -23,11 +23,11 @@ import msgspec
 from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
+from app.api_docs.examples import add_response_examples
 from app.openai.responses_schemas import ResponsesRequest
 from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletionChunk, Completion
-from app.openapi_examples import add_response_examples
-from app.web import ERROR_DESCRIPTIONS, JSON
+from app.web.responses import ERROR_DESCRIPTIONS, JSON
 
 REQUEST_BODIES = (
     ChatCompletionRequest,

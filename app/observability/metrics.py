@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from app.latency_histogram import LatencyHistogram
+from app.observability.latency_histogram import LatencyHistogram
 from engine import EngineStats
 
 BASE_ADAPTER_LABEL = "base"  # the adapter label of requests on the base model

@@ -12,8 +12,8 @@ from __future__ import annotations
 from litestar import Request, Response
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
-from app.errors import ApiError
-from app.web import api_error_handler
+from app.web.errors import ApiError
+from app.web.responses import api_error_handler
 
 KIB = 1024
 

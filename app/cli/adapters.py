@@ -12,7 +12,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from app.cli_management import (
+from app.cli.management import (
     Connection,
     human_size,
     json_option,

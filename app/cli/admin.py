@@ -1,5 +1,5 @@
 """The management commands ``loraplex tenants|keys ...`` against a running server's admin API
-(``app/cli_adapters.py`` has ``adapters`` and ``usage``; ``app/cli_management.py`` what the groups share).
+(``app/cli/adapters.py`` has ``adapters`` and ``usage``; ``app/cli/management.py`` what the groups share).
 
 Lists print a table (``--json`` for machines), changes print one line each, and every failure exits
 non-zero with one line saying what went wrong. ``create_admin_key_locally`` backs
@@ -14,8 +14,8 @@ from datetime import datetime
 
 import click
 
-from app.cli_limits import limit_change_options, limit_changes, limit_option, limits_text
-from app.cli_management import (
+from app.cli.limits import limit_change_options, limit_changes, limit_option, limits_text
+from app.cli.management import (
     Connection,
     first_line,
     json_option,

@@ -27,9 +27,9 @@ from typing import Any
 
 import msgspec
 
-from app.engine_channel import FrameChannel
-from app.engine_client import LOCAL_WORKER, AdapterInfo
-from app.engine_tokenizer import GatewayTokenizer, TokenizingClient
+from app.engine_clients.channel import FrameChannel
+from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
+from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import EngineDeadError, EngineError, RequestError, RequestFailedError, UnknownAdapterError
 from engine.output_delta import OutputAssembler

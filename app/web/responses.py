@@ -1,4 +1,4 @@
-"""What every handler shares: reaching the gateway, the request id, JSON responses, error bodies."""
+"""What every handler shares: the request id, JSON responses, error bodies and the error handlers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.status_codes import HTTP_404_NOT_FOUND, HTTP_405_METHOD_NOT_ALLOWED
 
-from app.errors import ApiError, InternalError
-from app.gateway import Gateway
+from app.web.errors import ApiError, InternalError
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +51,6 @@ def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
 
 ERROR_RESPONSES = error_responses(400, 401, 403, 404)
 """The error responses every authenticated route documents in the OpenAPI schema."""
-
-
-def gateway_of(request: Request) -> Gateway:
-    return request.app.state.gateway
 
 
 def request_id_of(request: Request) -> str:

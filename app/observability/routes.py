@@ -8,7 +8,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app.web import gateway_of, json_response
+from app.services import gateway_of
+from app.web.responses import json_response
 
 
 class Health(msgspec.Struct):

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from litestar import Request
 
-from app.errors import BadRequestError
+from app.web.errors import BadRequestError
 
 # msgspec's messages: "Object contains unknown field `x` - at `$.messages[0]`", "Expected `int`, got `str` - at `$.n`"
 _WHERE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")

@@ -10,10 +10,10 @@ from typing import TypeVar
 
 import click
 
-from app.cli_adapters import adapters, usage
-from app.cli_admin import create_admin_key_locally, keys, tenants
-from app.log_format import configure_logging
+from app.cli.adapters import adapters, usage
+from app.cli.admin import create_admin_key_locally, keys, tenants
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
+from app.observability.log_format import configure_logging
 from app.settings import Settings, SettingsError
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def serve(context: _Context, host: str, port: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @pass_context
 def doctor(context: _Context, as_json: bool) -> None:
-    from app.doctor import exit_status, render_json, render_text, run_doctor
+    from app.cli.doctor import exit_status, render_json, render_text, run_doctor
 
     results = run_doctor(context.settings)
     click.echo(render_json(results) if as_json else render_text(results))

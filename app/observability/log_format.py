@@ -7,7 +7,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from app.request_context import RequestIdLogFilter
+from app.web.request_context import RequestIdLogFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 TEXT_DATE_FORMAT = "%H:%M:%S"

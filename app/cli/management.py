@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from app.admin_client import DEFAULT_URL, AdminClient, AdminError
+from app.cli.admin_client import DEFAULT_URL, AdminClient, AdminError
 
 URL_ENV = "LORAPLEX_URL"
 ADMIN_KEY_ENV = "LORAPLEX_ADMIN_KEY"

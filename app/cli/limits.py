@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from app.cli_management import cell
+from app.cli.management import cell
 
 CLEAR = "none"  # the value of a `limit` command's option that clears the limit
 LIMIT_FLAGS = {  # option of the `limit` commands → field of the admin API

@@ -1,0 +1,3 @@
+"""What operators watch: Prometheus metrics by tenant and adapter, log lines with request ids, and the
+``/health``, ``/ready`` and ``/metrics`` routes.
+"""
