@@ -246,7 +246,8 @@ class Engine:
         num_sampled = len(batch.sampled_seqs)
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
         sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
-        out = sample(sampled_logits, build_sampling_batch(seqs, self.model_config.vocab_size, self.device))
+        sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
+        out = sample(sampled_logits, sampling, self.kernels)
         return StepResult(
             sampled=list(zip(seqs, out.token_ids, out.logprobs, strict=True)),
             scores=prompt_scores(batch, logits[num_sampled:]),

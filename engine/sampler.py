@@ -16,6 +16,8 @@ import torch
 from engine.grammar_mask import apply_grammar_mask
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampling_batch import Penalties, SamplingBatch, SparseLogits
+from kernels.argmax_rows import argmax_rows
+from kernels.backend import KernelBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,15 +27,18 @@ class SamplerOutput:
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """One token per row of ``logits`` [num_rows, vocab] (fp32) following ``batch``; ``logits`` is overwritten."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = KernelBackend.TORCH) -> SamplerOutput:
+    """One token per row of ``logits`` [num_rows, vocab] (fp32) following ``batch``; ``logits`` is overwritten.
+
+    ``backend`` is the engine's kernel backend: its greedy choice (the native argmax on CPU).
+    """
     raw = logits[list(batch.logprob_rows)] if batch.logprob_rows else None  # [num_logprob_rows, vocab], a copy
     logits = apply_logit_rules(logits, batch)  # [num_rows, vocab]
     if batch.all_greedy:
-        chosen = logits.argmax(dim=-1)  # [num_rows]
+        chosen = argmax_rows(logits, backend)  # [num_rows]
     else:
         greedy_rows = [row for row, seq in enumerate(batch.seqs) if seq.params.greedy]
-        greedy_ids = logits[greedy_rows].argmax(dim=-1) if greedy_rows else None  # [num_greedy]
+        greedy_ids = argmax_rows(logits[greedy_rows], backend) if greedy_rows else None  # [num_greedy]
         chosen = _draw(logits, batch)  # [num_rows]; ``logits`` is used up
         if greedy_ids is not None:
             chosen[greedy_rows] = greedy_ids

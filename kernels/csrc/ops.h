@@ -31,4 +31,7 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
                 const at::Tensor& ranks, const at::Tensor& row_addr, const at::Tensor& out_dims,
                 const at::Tensor& out_offsets, const at::Tensor& y);
 
+// The index of each row's first maximum (a NaN wins), as torch.argmax(dim=-1) (kernels/argmax_rows.py).
+at::Tensor argmax_rows(const at::Tensor& logits);
+
 }  // namespace loraplex

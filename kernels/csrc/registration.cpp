@@ -19,4 +19,5 @@ TORCH_LIBRARY(loraplex, m) {
       "Tensor row_start_a, Tensor row_start_b, Tensor ranks, Tensor row_addr, Tensor out_dims, Tensor out_offsets, "
       "Tensor(a!) y) -> ()",
       &loraplex::sgmv_fused);
+  m.def("argmax_rows(Tensor logits) -> Tensor", &loraplex::argmax_rows);
 }
