@@ -2,8 +2,9 @@
 
 :func:`run_worker_process` is the process's target, started with the "spawn" method (a fresh interpreter:
 nothing of the gateway's threads or event loop is copied). It builds the engine from the frozen config,
-sends Ready, and then its main thread reads command frames and hands them to an :class:`EngineWorker`,
-whose step thread sends one frame per step; a call's reply is sent by whichever thread finishes it. The
+sends Ready, and then runs the :class:`EngineWorker`'s step loop on its main thread (the thread that built
+the engine: see :meth:`EngineWorker.run`), which sends one frame per step, while a second thread reads
+command frames and hands them to the worker; a call's reply is sent by whichever thread finishes it. The
 worker's log records travel to the gateway as LogLine events, so they come out of the gateway's log in its
 format. The process ends on Shutdown, when the gateway's end of the socket closes (the gateway died), and
 after Fatal when the engine could not start or its step loop died.
@@ -121,23 +122,27 @@ def run_worker_process(sock: socket.socket, config: EngineConfig, log_level: int
 
     worker = EngineWorker(engine, emit=channel.send, on_death=on_death)
     channel.send(Ready(engine.max_model_len, engine.model_config.vocab_size))
-    worker.start()
+    reader = threading.Thread(target=_serve, args=(channel, worker), name="loraplex-commands", daemon=True)
+    reader.start()
     try:
-        _serve(channel, worker)
+        worker.run()  # the step loop on this thread, which built the engine (see EngineWorker.run)
     finally:
-        worker.stop()
         channel.close()
     if died.is_set():
         sys.exit(EXIT_FAILED)
 
 
 def _serve(channel: FramedSocket, worker: EngineWorker) -> None:
-    while (command := channel.receive()) is not None:
-        if isinstance(command, Shutdown):
-            return
-        future = worker.handle(command)
-        if future is not None:
-            future.add_done_callback(functools.partial(_reply, channel, command.call_id))  # type: ignore[union-attr]
+    """Hand each command to the worker; on Shutdown or once the gateway's end is closed, stop its step loop."""
+    try:
+        while (command := channel.receive()) is not None:
+            if isinstance(command, Shutdown):
+                return
+            future = worker.handle(command)
+            if future is not None:
+                future.add_done_callback(functools.partial(_reply, channel, command.call_id))  # type: ignore[union-attr]
+    finally:
+        worker.request_stop()
 
 
 def _reply(channel: FramedSocket, call_id: int, future: Future) -> None:
