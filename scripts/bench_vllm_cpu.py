@@ -16,8 +16,10 @@ HTTP level (``--level http``, see ``bench_http_level.py``): the same requests as
 adapters) and to ``loraplex serve``, once per ``--http-engines`` setting of ``LORAPLEX_ENGINE``; the
 ratios ``http_*_vs_vllm_server`` are the first setting's, ``http_*_process_vs_thread`` compare the two.
 
-The cases run --repeats times, round after round (at the HTTP level the servers' order reverses every
-other round), and each figure is the median of its rounds.
+The cases run --repeats times, round after round, each round both levels (so a drift of the machine's
+speed over the run touches both alike; at the HTTP level the servers' order reverses every other round),
+and each figure is the median of its rounds. With both levels and vLLM, ``*_http_vs_engine_*`` say what
+each engine keeps of its engine-level rate through its server.
 
     python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (about an hour for both levels)
     python scripts/bench_vllm_cpu.py --level http --http-engines process,thread --repeats 3 --json
@@ -89,8 +91,8 @@ def run_vllm(python: Path, env: dict[str, str], folder: Path, workload_file: Pat
     return json.loads(lines[-1])["tok_s"]
 
 
-def engine_level(args: argparse.Namespace, folder: Path, vllm: VllmEnv, workload: dict, scratch: Path) -> dict:
-    """Each engine's tok/s per case through its Python API (medians and rounds), and the ratios."""
+def engine_cases(folder: Path, vllm: VllmEnv, workload: dict, scratch: Path) -> dict[str, Callable[[], float]]:
+    """One measurement of each engine and case through its Python API, by name."""
     vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
     workload_file = scratch / "vllm-cpu-workload.json"  # what the vLLM processes read
     workload_file.write_text(json.dumps(workload))
@@ -102,23 +104,28 @@ def engine_level(args: argparse.Namespace, folder: Path, vllm: VllmEnv, workload
     for k in ADAPTER_COUNTS:
         cases[f"vllm_lora_k{k}"] = lambda k=k: run_vllm(vllm.python, vllm_env, folder, workload_file, lora=True, k=k)
         cases[f"loraplex_k{k}"] = lambda k=k: run_loraplex(folder, workload, k)
-    rates: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(args.repeats):
-        for name, run in cases.items():
-            rates[name].append(run())
-            logger.info("round %d/%d, %s: %.1f tok/s", round_ + 1, args.repeats, name, rates[name][-1])
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    result = _figures(median, rates)
-    result["base_vs_vllm_compiled"] = round(median["loraplex_base"] / median["vllm_compiled_base"], 3)
+    return cases
+
+
+def engine_round(
+    cases: dict[str, Callable[[], float]], rates: dict[str, list[float]], round_: int, repeats: int
+) -> None:
+    for name, run in cases.items():
+        rates.setdefault(name, []).append(run())
+        logger.info("round %d/%d, %s: %.1f tok/s", round_ + 1, repeats, name, rates[name][-1])
+
+
+def engine_ratios(median: dict[str, float]) -> dict:
+    result = {"base_vs_vllm_compiled": round(median["loraplex_base"] / median["vllm_compiled_base"], 3)}
     for k in ADAPTER_COUNTS:
         result[f"k{k}_vs_vllm_lora"] = round(median[f"loraplex_k{k}"] / median[f"vllm_lora_k{k}"], 3)
     return result
 
 
-def http_level(
+def http_servers(
     args: argparse.Namespace, folder: Path, vllm: VllmEnv | None, vocab_size: int, adapters: list[Path], scratch: Path
-) -> dict:
-    """Each server's tok/s per case over HTTP (medians and rounds), and the ratios (none without ``vllm``)."""
+) -> dict[str, Callable[[], dict[str, float]]]:
+    """Per server, one run of every case over HTTP (a fresh server each time): its tok/s by case."""
     counts = (0, *ADAPTER_COUNTS)
     # Prompts of their own per case: a server runs every case, and must not find one's prompts cached by another.
     prompts = {
@@ -137,26 +144,44 @@ def http_level(
         servers["vllm_lora_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, named, cases(counts))
     for engine in args.http_engines:
         servers[f"loraplex_{engine}"] = lambda engine=engine: on_loraplex(folder, engine, scratch, named, cases(counts))
-    rates: dict[str, list[float]] = {}
-    for round_ in range(args.repeats):
-        order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-        for server in order:
-            for case, rate in servers[server]().items():
-                rates.setdefault(f"http_{server}_{case}", []).append(rate)
-                logger.info("round %d/%d, http %s %s: %.1f tok/s", round_ + 1, args.repeats, server, case, rate)
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    result = _figures(median, rates)
+    return servers
+
+
+def http_round(
+    servers: dict[str, Callable[[], dict[str, float]]], rates: dict[str, list[float]], round_: int, repeats: int
+) -> None:
+    order = list(servers) if round_ % 2 == 0 else list(reversed(servers))  # the servers' order reverses each round
+    for server in order:
+        for case, rate in servers[server]().items():
+            rates.setdefault(f"http_{server}_{case}", []).append(rate)
+            logger.info("round %d/%d, http %s %s: %.1f tok/s", round_ + 1, repeats, server, case, rate)
+
+
+def http_ratios(args: argparse.Namespace, median: dict[str, float], with_vllm: bool) -> dict:
     first = args.http_engines[0]
-    result["http_engine"] = first
-    if vllm is None:
-        return result | _process_vs_thread(args, median, counts)
-    result["http_base_vs_vllm_server"] = round(
-        median[f"http_loraplex_{first}_base"] / median["http_vllm_server_base"], 3
-    )
-    for k in ADAPTER_COUNTS:
-        ours, theirs = median[f"http_loraplex_{first}_k{k}"], median[f"http_vllm_lora_server_k{k}"]
-        result[f"http_k{k}_vs_vllm_server"] = round(ours / theirs, 3)
+    result: dict = {"http_engine": first}
+    counts = (0, *ADAPTER_COUNTS)
+    if with_vllm:
+        result["http_base_vs_vllm_server"] = round(
+            median[f"http_loraplex_{first}_base"] / median["http_vllm_server_base"], 3
+        )
+        for k in ADAPTER_COUNTS:
+            ours, theirs = median[f"http_loraplex_{first}_k{k}"], median[f"http_vllm_lora_server_k{k}"]
+            result[f"http_k{k}_vs_vllm_server"] = round(ours / theirs, 3)
     return result | _process_vs_thread(args, median, counts)
+
+
+def http_vs_engine(args: argparse.Namespace, median: dict[str, float]) -> dict:
+    """What each engine keeps of its engine-level rate through its HTTP server (both levels in the same rounds)."""
+    first = args.http_engines[0]
+    result = {"loraplex_http_vs_engine_base": round(median[f"http_loraplex_{first}_base"] / median["loraplex_base"], 3)}
+    result["vllm_http_vs_engine_base"] = round(median["http_vllm_server_base"] / median["vllm_compiled_base"], 3)
+    for k in ADAPTER_COUNTS:
+        ours = median[f"http_loraplex_{first}_k{k}"] / median[f"loraplex_k{k}"]
+        theirs = median[f"http_vllm_lora_server_k{k}"] / median[f"vllm_lora_k{k}"]
+        result[f"loraplex_http_vs_engine_k{k}"] = round(ours, 3)
+        result[f"vllm_http_vs_engine_k{k}"] = round(theirs, 3)
+    return result
 
 
 def _process_vs_thread(args: argparse.Namespace, median: dict[str, float], counts: tuple[int, ...]) -> dict:
@@ -213,13 +238,30 @@ def main(argv: list[str] | None = None) -> int:
         write_synthetic_adapter(adapter_root / f"a{i}", model, RANK, seed=i, targets=PROJECTIONS)
         for i in range(max(ADAPTER_COUNTS))
     ]
-    result: dict = {}
-    if args.level in ("engine", "both"):
+    engine = args.level in ("engine", "both")
+    http = args.level in ("http", "both")
+    cases = {}
+    if engine:
         assert vllm is not None
         workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, args.seed)
-        result |= engine_level(args, folder, vllm, workload, scratch)
-    if args.level in ("http", "both"):
-        result |= http_level(args, folder, None if args.skip_vllm else vllm, model.vocab_size, adapters, scratch)
+        cases = engine_cases(folder, vllm, workload, scratch)
+    with_vllm = http and not args.skip_vllm
+    servers = {}
+    if http:
+        servers = http_servers(args, folder, vllm if with_vllm else None, model.vocab_size, adapters, scratch)
+    # Both levels in every round, so a drift of the machine's speed over the run touches both alike.
+    rates: dict[str, list[float]] = {}
+    for round_ in range(args.repeats):
+        engine_round(cases, rates, round_, args.repeats)
+        http_round(servers, rates, round_, args.repeats)
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    result = _figures(median, rates)
+    if engine:
+        result |= engine_ratios(median)
+    if http:
+        result |= http_ratios(args, median, with_vllm)
+    if engine and with_vllm:
+        result |= http_vs_engine(args, median)
     out = sys.stdout
     if args.json:
         out.write(json.dumps(result) + "\n")
