@@ -7,7 +7,7 @@
 // accumulator into an eight-lane one with the same total, so a reduction can finish on F8.
 //
 // Measured on a 2-core Xeon with AVX-512 (two 512-bit FMA ports): oneDNN's GEMMs reach twice the AVX2
-// rate there, so the native ops' eight-lane loops had become a third of a LoRA step's operator time.
+// rate there, so the native ops' eight-lane loops had become over a quarter of a LoRA step's operator time.
 #pragma once
 
 #include "vec8.h"
