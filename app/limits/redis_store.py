@@ -45,6 +45,7 @@ USAGE_REUSE_S = 10.0  # a month read from usage_events also seeds the requests t
 MONTH_KEEP_S = 7 * 86_400  # a month's counter outlives the month by a week: long runs that straddle it settle there
 STORE_ERRORS = (RedisError, OSError)  # OSError: a socket error redis-py did not wrap
 NO_LIMIT = -1
+CLOSE_WAIT_S = 5.0  # how long a closing store waits for its settles (one script each: milliseconds when Redis answers)
 ADMIT_FIELDS = 8  # per level in the admission's reply: requests, their wait, tokens, theirs, running, used, newest x2
 SETTLE_FIELDS = 4  # per level in the settle's reply: requests, newest, tokens, newest
 
@@ -154,12 +155,24 @@ class RedisStore:
         return self._seen.view(ask.level_id)
 
     async def close(self) -> None:
-        """Stop renewing leases, wait for the settles under way, and close the connections."""
+        """Stop renewing leases, wait for the settles under way (CLOSE_WAIT_S at most), close the connections.
+
+        A settle Redis does not take by then is cancelled and counted lost (its lease lapses after its TTL):
+        a gateway's shutdown must not wait on a Redis that stopped answering.
+        """
         await self._leases.close()
         pending = [task for tasks in self._settling.values() for task in tasks]
         if pending:
-            await asyncio.wait(pending)
-        await self._client.aclose()
+            _, unfinished = await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
+            for task in unfinished:
+                task.cancel()
+            if unfinished:
+                self._failures.lost("settle at shutdown", ())
+                logger.warning("%d settles did not reach Redis within %.0f s of closing", len(unfinished), CLOSE_WAIT_S)
+        try:
+            await asyncio.wait_for(self._client.aclose(), CLOSE_WAIT_S)
+        except (TimeoutError, *STORE_ERRORS):
+            logger.warning("closing the Redis connections did not finish within %.0f s", CLOSE_WAIT_S)
 
     async def _settled(self, tenant_id: uuid.UUID) -> None:
         """Wait for this replica's settles of the tenant still under way (usually none)."""
