@@ -165,9 +165,9 @@ class RedisStore:
         if pending:
             _, unfinished = await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
             for task in unfinished:
-                task.cancel()
+                task.cancel()  # each counts itself lost (_settle_in_redis)
             if unfinished:
-                self._failures.lost("settle at shutdown", ())
+                await asyncio.wait(unfinished, timeout=CLOSE_WAIT_S)
                 logger.warning("%d settles did not reach Redis within %.0f s of closing", len(unfinished), CLOSE_WAIT_S)
         try:
             await asyncio.wait_for(self._client.aclose(), CLOSE_WAIT_S)
@@ -205,6 +205,9 @@ class RedisStore:
             self._failures.failed(error)
             self._failures.lost("settle", charge.kinds)
             return
+        except asyncio.CancelledError:  # close() gave up waiting for it
+            self._failures.lost("settle", charge.kinds)
+            raise
         fields = reply.split()
         at, local_at = float(fields[0]), time.monotonic()
         levels = [fields[i : i + SETTLE_FIELDS] for i in range(1, len(fields), SETTLE_FIELDS)]

@@ -7,6 +7,7 @@ port, keeps nothing on disk, and can be stopped and started again on the same po
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -70,6 +71,15 @@ class RedisServer:
             self._process.terminate()
             self._process.wait(START_TIMEOUT_S)
         self._process = None
+
+    def freeze(self) -> None:
+        """Stop the server's process without closing its sockets: a Redis that no longer answers (SIGSTOP)."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
     def flush(self) -> None:
         with redis.Redis(port=self.port) as client:

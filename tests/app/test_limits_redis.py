@@ -15,6 +15,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from app.limits import redis_store
 from app.limits.backend_failure import BackendFailures, FailurePolicy
 from app.limits.factory import failure_policy, open_limiter, redis_client
 from app.limits.limiter import Admission, Limiter
@@ -205,6 +206,23 @@ async def test_a_settle_redis_does_not_take_is_counted_as_lost(own_redis) -> Non
         assert replicas.errors("concurrency", "lost") == 1
     finally:
         await replicas.close()
+
+
+async def test_closing_gives_up_on_settles_a_frozen_redis_does_not_answer(own_redis, monkeypatch) -> None:
+    monkeypatch.setattr(redis_store, "CLOSE_WAIT_S", 0.2)  # the client's own timeout is 2 s (Replicas.start)
+    replicas = Replicas(own_redis.url, FakeUsage())
+    limiter = replicas.start()
+    admission = await limiter.admit(caller(Limits(max_concurrent=4)), 1, 1)
+    own_redis.freeze()
+    try:
+        admission.settle(2)
+        started = time.monotonic()
+        await replicas.close()
+        closed_in = time.monotonic() - started
+    finally:
+        own_redis.thaw()
+    assert closed_in < 1.0, f"close waited {closed_in:.2f} s for a Redis that does not answer"
+    assert replicas.errors("concurrency", "lost") == 1  # the cancelled settle is counted, its lease lapses
 
 
 async def test_the_settings_pick_the_store_and_the_policies(redis_url) -> None:
