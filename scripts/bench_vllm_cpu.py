@@ -21,7 +21,7 @@ speed over the run touches both alike; at the HTTP level the servers' order reve
 and each figure is the median of its rounds. With both levels and vLLM, ``*_http_vs_engine_*`` say what
 each engine keeps of its engine-level rate through its server.
 
-    python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (about an hour for both levels)
+    python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (both levels: ~25 min here)
     python scripts/bench_vllm_cpu.py --level http --http-engines process,thread --repeats 3 --json
 """
 
