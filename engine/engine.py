@@ -57,9 +57,9 @@ class Engine:
                 torch.set_num_threads(config.num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.token_bytes = TokenBytes(self.tokenizer)
-        weights = load_weights(folder, self.model_config, self.dtype, self.device)
-        self.max_model_len = self.model_config.max_model_len
         self.kernels = config.kernel_backend(self.device, self.dtype, self.model_config.head_dim)
+        weights = load_weights(folder, self.model_config, self.dtype, self.device, self.kernels)
+        self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
         self.pool = make_pool(config, self.model_config, self.dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)

@@ -8,6 +8,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import ConfigError
+from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight
 
 
@@ -29,7 +30,10 @@ class ModelWeights:
     lm_head: LinearWeight  # [vocab, hidden]; a copy of the embedding when tied
 
 
-def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+def load_weights(
+    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, backend: KernelBackend
+) -> ModelWeights:
+    """The checkpoint's tensors on ``device`` in ``dtype``, projections prepared for ``backend``'s GEMM."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{folder} has no .safetensors weights; convert the model to safetensors first")
@@ -47,6 +51,9 @@ def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: 
     def optional(name: str) -> torch.Tensor | None:
         return take(name) if name in tensors else None
 
+    def projection(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+        return LinearWeight.prepare(weight, bias, backend)
+
     layers = []
     for index in range(config.num_layers):
         prefix = f"model.layers.{index}."
@@ -56,11 +63,11 @@ def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: 
         layers.append(
             LayerWeights(
                 input_norm=take(prefix + "input_layernorm.weight"),
-                qkv=LinearWeight.prepare(torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]), qkv_bias),
-                o=LinearWeight.prepare(take(attn + "o_proj.weight")),
+                qkv=projection(torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]), qkv_bias),
+                o=projection(take(attn + "o_proj.weight")),
                 post_norm=take(prefix + "post_attention_layernorm.weight"),
-                gate_up=LinearWeight.prepare(torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])),
-                down=LinearWeight.prepare(take(mlp + "down_proj.weight")),
+                gate_up=projection(torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])),
+                down=projection(take(mlp + "down_proj.weight")),
             )
         )
     embed = take("model.embed_tokens.weight")
@@ -70,5 +77,5 @@ def load_weights(folder: Path, config: ModelConfig, dtype: torch.dtype, device: 
             raise ConfigError(f"{folder} has no lm_head.weight and its config does not tie embeddings")
         lm_head = embed
     return ModelWeights(
-        embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=LinearWeight.prepare(lm_head)
+        embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=projection(lm_head)
     )

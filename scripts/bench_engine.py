@@ -28,7 +28,9 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
+from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight, linear
+from kernels.native_cpu import native_ops
 
 logger = logging.getLogger("bench_engine")
 
@@ -56,15 +58,20 @@ def make_workload(num_requests: int, vocab_size: int, seed: int) -> Workload:
 
 
 def measure_matmul_flops(repeats: int = 5) -> float:
-    """Best fp32 matmul rate (FLOP/s) over a few shapes and both GEMM paths (BLAS, packed oneDNN).
+    """Best fp32 matmul rate (FLOP/s) over a few shapes and every GEMM path here (BLAS, packed oneDNN,
+    the native panels where the library builds).
 
     The ceiling takes the best rate this process reaches, so it never flatters the engine.
     """
+    backends = [KernelBackend.TORCH] + ([KernelBackend.NATIVE] if native_ops() is not None else [])
     best = 0.0
     for m, k, n in MATMUL_SHAPES:
         a, b = torch.randn(m, k), torch.randn(n, k)  # [m, k], [n, k]
-        packed = LinearWeight.prepare(b)
-        for run in (lambda: a @ b.T, lambda: linear(a, packed)):  # noqa: B023 (called in this iteration)
+        runs = [lambda: a @ b.T]  # noqa: B023 (called in this iteration)
+        for backend in backends:
+            packed = LinearWeight.prepare(b, backend=backend)
+            runs.append(lambda packed=packed: linear(a, packed))  # noqa: B023
+        for run in runs:
             run()
             for _ in range(repeats):
                 start = time.perf_counter()

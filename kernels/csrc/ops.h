@@ -31,6 +31,16 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
                 const at::Tensor& ranks, const at::Tensor& row_addr, const at::Tensor& out_dims,
                 const at::Tensor& out_offsets, const at::Tensor& y);
 
+// Columns of one weight panel in this build's packed layout (48 on AVX-512, 24 on AVX2).
+int64_t linear_panel_width();
+
+// weight [N, K] packed into panels of linear_panel_width() columns, k-major (kernels/linear_packed.py).
+at::Tensor pack_linear_weight(const at::Tensor& weight);
+
+// x @ weight^T + bias on a weight from pack_linear_weight (kernels/linear_packed.py).
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t out_features);
+
 // The index of each row's first maximum (a NaN wins), as torch.argmax(dim=-1) (kernels/argmax_rows.py).
 at::Tensor argmax_rows(const at::Tensor& logits);
 

@@ -1,0 +1,108 @@
+"""The native panel GEMM against F.linear: the packed layout, row counts on both sides of the tile size and
+of the BLAS switch, widths with and without a partial last panel, bias, strided rows, batch invariance,
+and bad inputs; and LinearWeight choosing it."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.backend import KernelBackend
+from kernels.linear import LinearWeight, WeightLayout, linear
+from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
+
+TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 summation order only
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
+    return random.randrange(2**31)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, seed: int) -> None:
+    assert actual.shape == expected.shape, f"seed={seed}"
+    if not actual.numel():
+        return
+    error = ((actual.double() - expected.double()).abs() / (1 + expected.double().abs())).max().item()
+    assert error <= TOLERANCE, f"scaled error {error:.2e} (seed={seed})"
+
+
+def test_packed_layout_holds_each_panel_k_major_and_zero_past_the_weight(native):
+    width = native.linear_panel_width()
+    weight = torch.arange(float((width + 5) * 3)).reshape(width + 5, 3)  # [out, in]: one panel and 5 columns
+    packed = pack_linear_weight(weight)  # [2, 3, width]
+    assert packed.shape == (2, 3, width)
+    for out in range(width + 5):
+        assert torch.equal(packed[out // width, :, out % width], weight[out])
+    assert not packed[1, :, 5:].any()
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 64, 129, 511, 512, 700])  # tiles, passes of 128, BLAS from 512
+@pytest.mark.parametrize(("in_features", "out_features"), [(576, 960), (1536, 576), (37, 50), (16, 1)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_f_linear(native, rows: int, in_features: int, out_features: int, with_bias: bool, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen)  # [rows, in]
+    weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
+    bias = torch.randn(out_features, generator=gen) if with_bias else None  # [out]
+    actual = linear_packed(x, pack_linear_weight(weight), bias, out_features)  # [rows, out]
+    assert_close(actual, F.linear(x, weight, bias), seed)
+
+
+def test_strided_rows(native, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    wide = torch.randn(70, 700, generator=gen)  # rows of 700 floats, of which the first 576 are x's
+    weight = torch.randn(960, 576, generator=gen) / 24  # [out, in]
+    packed = pack_linear_weight(weight)
+    for x in (wide[:, :576], wide[::3, 100:676]):
+        assert_close(linear_packed(x, packed, None, 960), F.linear(x, weight), seed)
+
+
+def test_a_rows_result_is_the_same_bits_in_any_batch_below_the_blas_switch(native, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(300, 576, generator=gen)  # [300, in]
+    weight = torch.randn(3072, 576, generator=gen) / 24  # [out, in]
+    bias = torch.randn(3072, generator=gen)
+    packed = pack_linear_weight(weight)
+    alone = torch.cat([linear_packed(x[i : i + 1], packed, bias, 3072) for i in (0, 5, 299)])  # [3, out]
+    for batch in (x[:64], x[:9], x):
+        together = linear_packed(batch, packed, bias, 3072)  # [rows, out]
+        assert torch.equal(together[0], alone[0]), f"seed={seed}"
+        if len(batch) > 5:
+            assert torch.equal(together[5], alone[1]), f"seed={seed}"
+    assert torch.equal(linear_packed(x, packed, bias, 3072)[299], alone[2]), f"seed={seed}"
+
+
+def test_bad_inputs_are_refused(native):
+    weight = torch.randn(100, 64)  # [out, in]
+    packed = pack_linear_weight(weight)
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="float32"):
+        linear_packed(x.double(), packed, None, 100)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        linear_packed(torch.randn(64, 4).T, packed, None, 100)
+    with pytest.raises(ValueError, match="features"):
+        linear_packed(torch.randn(4, 65), packed, None, 100)
+    with pytest.raises(ValueError, match="does not match"):
+        linear_packed(x, packed, None, 200)
+    with pytest.raises(ValueError, match="bias"):
+        linear_packed(x, packed, torch.randn(99), 100)
+    with pytest.raises(ValueError, match="pack_linear_weight"):
+        linear_packed(x, torch.randn(2, 64, 7), None, 10)
+    with pytest.raises(ValueError, match="float32"):
+        pack_linear_weight(weight.double())
+
+
+def test_linear_weight_takes_the_native_panels_where_preferred(native, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(200, 96, generator=gen), torch.randn(200, generator=gen)
+    x = torch.randn(33, 96, generator=gen)
+    native_weight = LinearWeight.prepare(weight, bias, KernelBackend.NATIVE)
+    torch_weight = LinearWeight.prepare(weight, bias, KernelBackend.TORCH)
+    expected_layout = WeightLayout.NATIVE if native_linear_preferred() else WeightLayout.ONEDNN
+    assert native_weight.layout is expected_layout
+    assert torch_weight.layout is not WeightLayout.NATIVE
+    for prepared in (native_weight, torch_weight):
+        assert_close(linear(x, prepared), F.linear(x, weight, bias), seed)
