@@ -1,4 +1,5 @@
-"""Each op of a decoder layer run once on small random inputs, against its torch implementation on the CPU.
+"""Each op of a decoder layer, and the sampler's greedy choice, run once on small random inputs against its
+torch implementation on the CPU.
 
 What ``loraplex doctor`` runs on a machine: the op as the engine would run it (the public dispatcher with
 the engine's kernel backend, on its device and in its dtype) and the op's torch implementation on the CPU
@@ -7,7 +8,8 @@ error is the largest ``|actual - reference| / (1 + |reference|)`` over every out
 tensor in place is judged on that tensor too); it passes within the dtype's tolerance. The shapes are
 small but take each kernel's interesting paths: grouped-query heads, decode rows beside a prefill chunk of
 at least 16 rows (the tiled Triton kernel), contexts straddling pages, adapters of two ranks beside
-base-model rows, two modules in one SGMV launch.
+base-model rows, two modules in one SGMV launch, a projection whose last weight panel is partial, a tie
+and a maximum in the last lane for the argmax.
 """
 
 import itertools
@@ -17,10 +19,14 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+import torch.nn.functional as F
+
 from kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
+from kernels.argmax_rows import argmax_rows
 from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.backend import KernelBackend
 from kernels.kv_write import kv_row_index
+from kernels.linear import LinearWeight, linear
 from kernels.lora_metadata import build_sgmv_metadata
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
@@ -207,10 +213,26 @@ def _silu_mul(t: _Target) -> Pairs:
     return [(silu_mul(t.put(gate_up), t.backend), silu_mul_torch(gate_up))]
 
 
+def _linear(t: _Target) -> Pairs:
+    x, weight, bias = t.randn(9, 96), t.randn(100, 96) / 10, t.randn(100)  # [tokens, in], [out, in], [out]
+    prepared = LinearWeight.prepare(t.put(weight), t.put(bias), t.backend)  # 100: a partial last panel
+    return [(linear(t.put(x), prepared), F.linear(x, weight, bias))]
+
+
+def _argmax_rows(t: _Target) -> Pairs:
+    logits = t.randn(5, 1000)  # [rows, vocab]; 1000: a tail past the last full vector
+    logits[1, 999] = 100.0  # the maximum in the last lane
+    logits[2, [3, 700]] = 100.0  # a tie: the first index wins
+    same = argmax_rows(t.put(logits), t.backend).cpu() == logits.argmax(dim=-1)  # [rows]
+    return [(same.double(), torch.ones(len(same), dtype=torch.float64))]  # a wrong index: error 0.5
+
+
 OPS: dict[str, Callable[[_Target], Pairs]] = {
     "paged_attention": _paged_attention,
     "sgmv_fused": _sgmv_fused,
     "add_rms_norm": _add_rms_norm,
     "rope_kv_write": _rope_kv_write,
     "silu_mul": _silu_mul,
+    "linear": _linear,
+    "argmax_rows": _argmax_rows,
 }
