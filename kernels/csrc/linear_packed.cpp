@@ -6,14 +6,13 @@
 // step along k loads one panel row (three vectors), broadcasts one input value per row, and runs
 // 3 x kTileRows FMAs, so no horizontal sums and no re-reading of the output.
 //
-// Why not oneDNN's packed GEMM at decode sizes: it computes while the panel's weights stream in from
-// memory, then computes again, one after the other (a 64-row decode step's GEMMs took 67 ms cold against
-// 41 ms of arithmetic and 26 ms of streaming, exactly their sum). Here the first tile of each panel
-// prefetches the next panel of the same thread into L2, so memory and arithmetic overlap: 52 ms on the
-// same GEMMs, 18.5 ms against 26.5 at 8 rows (2-core Xeon, AVX-512).
+// Why not oneDNN's packed GEMM at decode sizes: it streams a panel's weights in from memory, then
+// computes, one after the other (the engine's projections at 64 rows with the weights cold took 67 ms:
+// 41 ms of arithmetic at its rate plus 26 ms of streaming). Here a thread prefetches its next panel into
+// L2 while it computes the current one, so the two overlap (the figures: kernels/linear_packed.py).
 //
-// Each output is one fp32 FMA chain along k in order, whatever the number of rows: a row's result is the
-// same bits alone or in any batch.
+// Below kBlasRows rows each output is one fp32 FMA chain along k in order: a row's result is the same bits
+// alone or in any batch. From kBlasRows rows on, BLAS's batched GEMM runs on the same panels.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -57,25 +56,24 @@ class PrefetchCursor {
  public:
   PrefetchCursor(const float* next, int64_t in_features, int64_t num_tiles)
       : line_(reinterpret_cast<const char*>(next)),
-        end_(next == nullptr ? line_ : line_ + in_features * kPanelWidth * sizeof(float)),
-        steps_per_line_(num_tiles),
-        lines_per_step_(kPanelWidth * sizeof(float) / kLineBytes) {}
+        end_(next == nullptr ? line_ : line_ + in_features * kPanelBytes),
+        bytes_per_line_(kLineBytes * num_tiles) {}
 
-  // One k-step's share: lines_per_step / steps_per_line lines, carried over as credit.
+  // One k-step's share of the next panel: one panel row's bytes over the tiles, carried over as credit.
   void step() {
-    credit_ += lines_per_step_;
-    while (credit_ >= steps_per_line_ && line_ < end_) {
+    credit_ += kPanelBytes;
+    while (credit_ >= bytes_per_line_ && line_ < end_) {
       _mm_prefetch(line_, _MM_HINT_T1);
       line_ += kLineBytes;
-      credit_ -= steps_per_line_;
+      credit_ -= bytes_per_line_;
     }
   }
 
  private:
+  static constexpr int64_t kPanelBytes = kPanelWidth * sizeof(float);  // a panel row
   const char* line_;
   const char* end_;
-  int64_t steps_per_line_;
-  int64_t lines_per_step_;
+  int64_t bytes_per_line_;  // credit a line costs: the panel's k-steps are num_tiles times its rows
   int64_t credit_ = 0;
 };
 
