@@ -1,20 +1,25 @@
 """The engine for an asyncio server: submit a request, iterate its deltas, abort it.
 
-The step loop runs on its own thread, so the event loop never waits on a forward pass. Requests
-and aborts reach the loop through a thread-safe inbox that it drains before every step; outputs go
-back to each request's asyncio queue with ``call_soon_threadsafe``.
+The step loop runs on its own thread, so the event loop never waits on a forward pass; given the engine's
+config, that thread builds the engine first (``engine/engine_build.py`` says why). Requests and aborts
+reach the loop through a thread-safe inbox that it drains before every step; outputs go back to each
+request's asyncio queue with ``call_soon_threadsafe``.
 """
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.engine_build import EngineBuild
 from engine.errors import EngineDeadError, EngineError, RequestFailedError
 from engine.grammar import GrammarConstraint
 from engine.outputs import RequestOutput
@@ -77,10 +82,16 @@ class _Sink:
 
 
 class AsyncEngine:
-    """Drives an :class:`Engine` from a background thread for asyncio callers."""
+    """Drives an :class:`Engine` from a background thread for asyncio callers.
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    Given an :class:`EngineConfig`, the step thread builds the engine, then steps it: the fast way on the
+    CPU. An :class:`Engine` built already is accepted too, but stepping it on another thread than the one
+    that built it is slower on the CPU (libgomp's thread pools, see ``engine/engine_build.py``).
+    """
+
+    def __init__(self, engine: Engine | EngineConfig) -> None:
+        """``engine``: the config the step thread builds the engine from (see :meth:`start`), or an engine built."""
+        self._build = EngineBuild(engine)
         self._inbox: queue.SimpleQueue[_Submit | _Abort | _AbortAll | _Call | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._sinks: dict[str, _Sink] = {}
@@ -88,18 +99,33 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._ids = 0
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
-        self._thread.start()
+    @property
+    def engine(self) -> Engine:
+        """The engine; one built from a config exists once the future of :meth:`start` is done."""
+        return self._build.engine
+
+    def start(self) -> "Future[None]":
+        """Start the step thread, which first builds the engine when given a config; the future of that build.
+
+        The future is done once the engine exists (at once for an engine built already). When the build
+        fails, it holds what ``Engine(config)`` raised (a ConfigError, ...), the step thread has ended and
+        later calls raise EngineDeadError. From a coroutine: ``await asyncio.wrap_future(engine.start())``.
+        """
+        if self._thread is None and not self._build.failed:
+            self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
+            self._thread.start()
+        return self._build.future
+
+    def request_stop(self) -> None:
+        """Ask the step loop to abort what is in flight and end (once built, if it is building); does not wait."""
+        self._inbox.put(None)
+        self._wake.set()
 
     async def stop(self) -> None:
         """Abort what is in flight and join the step thread."""
         if self._thread is None:
             return
-        self._inbox.put(None)
-        self._wake.set()
+        self.request_stop()
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 
@@ -122,6 +148,7 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped after an error: {self._error}")
         if self._thread is None:
             raise EngineError("the engine is not started; call start() first")
+        await self._built_engine()
         if request_id is None:
             self._ids += 1
             request_id = f"async-{self._ids}"
@@ -161,6 +188,7 @@ class AsyncEngine:
         """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
         if self._thread is None:
             return fn(self.engine)
+        await self._built_engine()
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self._error}")
         loop = asyncio.get_running_loop()
@@ -171,11 +199,13 @@ class AsyncEngine:
 
     async def compile_grammar(self, constraint: GrammarConstraint) -> "xgrammar.CompiledGrammar":
         """Compile ``constraint`` in a worker thread (a cache hit if compiled before); GrammarError if invalid."""
-        return await asyncio.to_thread(self.engine.grammars.compile, constraint)
+        engine = await self._built_engine()
+        return await asyncio.to_thread(engine.grammars.compile, constraint)
 
     async def add_adapter(self, name: str, path: str | Path) -> str:
         """Validate a PEFT folder off the step thread, then register it between steps; its digest."""
-        validated = await asyncio.to_thread(self.engine.validate_adapter, path)
+        engine = await self._built_engine()
+        validated = await asyncio.to_thread(engine.validate_adapter, path)
         return await self.call(lambda engine: engine.add_adapter(name, path, validated))
 
     async def remove_adapter(self, name: str) -> None:
@@ -185,7 +215,21 @@ class AsyncEngine:
         """See :meth:`Engine.set_tenant_weight`; applied between two steps."""
         await self.call(lambda engine: engine.set_tenant_weight(tenant, weight))
 
+    async def _built_engine(self) -> Engine:
+        """The engine, once the step thread has built it; EngineDeadError if it could not be built."""
+        future = self._build.future
+        if not future.done():
+            if self._thread is None:
+                raise EngineError("the engine is not started; call start() first")
+            with contextlib.suppress(Exception):  # the build's error: raised below as the engine's death
+                await asyncio.wrap_future(future)
+        if self._build.failed:
+            raise EngineDeadError(f"the engine could not be built: {self._error}")
+        return self._build.engine
+
     def _loop(self) -> None:
+        if not self._build.run(on_failure=self._mark_dead):
+            return
         try:
             while self._drain_inbox():
                 if not self.engine.has_unfinished_requests():
@@ -206,6 +250,9 @@ class AsyncEngine:
             for sink in self._sinks.values():
                 sink.put(dead)
             self._sinks.clear()
+
+    def _mark_dead(self, error: BaseException) -> None:
+        self._error = error
 
     def _drain_inbox(self) -> bool:
         """Apply queued submissions and aborts; False once stop() was asked for."""

@@ -1,6 +1,7 @@
 """An engine driven by commands from elsewhere: a socket today (``engine/worker_process.py``), a Ray replica later.
 
-:class:`EngineWorker` runs an :class:`Engine`'s step loop on a thread of its own. It takes the commands of
+:class:`EngineWorker` runs an :class:`Engine`'s step loop on a thread of its own (which builds the engine when
+given its config: ``engine/engine_build.py`` says why). It takes the commands of
 ``engine/worker_protocol.py`` through thread-safe methods (or :meth:`EngineWorker.handle`, a command as it
 arrived) and does not care where they come from: each step's outputs leave through the ``emit`` callback,
 as ONE :class:`StepOutputs` with every output of that step, and a call's result is a
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.engine_build import EngineBuild
 from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_delta import DeltaEncoder
@@ -68,16 +71,26 @@ _Inbox = Submit | Abort | AbortAll | AbortRequests | _Call | None
 
 
 class EngineWorker:
-    """An :class:`Engine` and its step thread, commanded through thread-safe methods."""
+    """An :class:`Engine` and its step thread, commanded through thread-safe methods.
+
+    Given an :class:`EngineConfig`, the step loop's thread builds the engine before its first step (the
+    fast way on the CPU, see :meth:`run`). An :class:`Engine` built already is accepted too, but stepping
+    it on another thread than the one that built it is slower on the CPU. Commands given before the
+    engine is built wait for it.
+    """
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | EngineConfig,
         emit: Callable[[StepOutputs], None],
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """``emit`` is called on the step thread; ``on_death`` once, if the step loop dies (every call then fails)."""
-        self.engine = engine
+        """``engine``: the config the step loop builds the engine from, or an engine built already.
+
+        ``emit`` is called on the step thread; ``on_death`` once, if the step loop dies (every call then
+        fails). A build that fails is not a death: the future of :meth:`start` holds its error.
+        """
+        self._build = EngineBuild(engine)
         self._emit = emit
         self._on_death = on_death
         self._inbox: queue.SimpleQueue[_Inbox] = queue.SimpleQueue()
@@ -92,14 +105,25 @@ class EngineWorker:
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()  # the step loop's death and a new command cannot cross
 
-    def start(self) -> None:
-        """Run the step loop on a thread of its own (a process that does other work on its main thread)."""
+    @property
+    def engine(self) -> Engine:
+        """The engine; one built from a config exists once the future of :meth:`start` is done."""
+        return self._build.engine
+
+    def start(self) -> "Future[None]":
+        """Run the step loop on a thread of its own, which first builds the engine when given a config.
+
+        For a process that does other work on its main thread. The future is done once the engine exists
+        (at once for an engine built already); when the build fails, it holds what ``Engine(config)``
+        raised, the step thread has ended and every later call fails with EngineDeadError.
+        """
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
             self._thread.start()
+        return self._build.future
 
     def run(self) -> None:
-        """Run the step loop on the calling thread until :meth:`request_stop` (or a stop) ends it.
+        """Run the step loop on the calling thread (building the engine first, given a config) until a stop.
 
         For a process of its own: the step loop belongs on the thread that built the engine. libgomp keeps a
         pool of threads for every thread that opens parallel regions, and once it manages more threads
@@ -179,14 +203,14 @@ class EngineWorker:
             adapter = validated.result()
             self._put(_Call(lambda engine: engine.add_adapter(name, path, adapter), registered))
 
-        self._helpers.submit(self.engine.validate_adapter, path).add_done_callback(register)
+        self._helpers.submit(lambda: self._built_engine().validate_adapter(path)).add_done_callback(register)
         return registered
 
     def validate_adapter(self, path: str | Path) -> "Future[AdapterSummary]":
         """Check a PEFT folder against the model without registering it (AdapterError if unusable)."""
 
         def validate() -> AdapterSummary:
-            adapter = self.engine.validate_adapter(path)
+            adapter = self._built_engine().validate_adapter(path)
             return AdapterSummary(
                 adapter.digest, adapter.max_rank, adapter.lora_alpha, adapter.modules, adapter.size_bytes
             )
@@ -197,7 +221,7 @@ class EngineWorker:
         """Compile a constraint off the step thread (cached); GrammarError if it cannot be."""
 
         def compile_only() -> None:
-            self.engine.grammars.compile(constraint)
+            self._built_engine().grammars.compile(constraint)
 
         return self._helpers.submit(compile_only)
 
@@ -215,7 +239,14 @@ class EngineWorker:
     def _dead_error(self) -> EngineDeadError:
         return EngineDeadError(f"the engine stopped after an error: {self._error}")
 
+    def _built_engine(self) -> Engine:
+        """The engine, once built (a helper thread waits for the step thread); the build's error if that failed."""
+        self._build.future.result()
+        return self.engine
+
     def _loop(self) -> None:
+        if not self._build.run(on_failure=self._build_failed):
+            return
         try:
             while self._drain_inbox():
                 self._admit_compiled()
@@ -230,9 +261,24 @@ class EngineWorker:
             logger.exception("engine step loop died")
             self._die(error)
 
+    def _build_failed(self, error: BaseException) -> None:
+        """No engine: the calls queued and every later one fail (helpers waiting for the build get its error).
+
+        Not a death (``on_death`` is not called): the future of :meth:`start` holds the error.
+        """
+        with self._error_lock:
+            self._error = error
+        self._fail_calls()
+
     def _die(self, error: BaseException) -> None:
         with self._error_lock:
             self._error = error
+        self._fail_calls()
+        if self._on_death is not None:
+            self._on_death(error)
+
+    def _fail_calls(self) -> None:
+        """Fail the calls still in the inbox (the step loop is gone: nobody else will answer them)."""
         dead = self._dead_error()
         while True:
             try:
@@ -241,8 +287,6 @@ class EngineWorker:
                 break
             if isinstance(item, _Call):
                 item.future.set_exception(dead)
-        if self._on_death is not None:
-            self._on_death(error)
 
     def _drain_inbox(self) -> bool:
         """Apply what arrived since the last look; False once asked to stop."""

@@ -1,5 +1,8 @@
 """One engine worker as a Ray Serve replica: an :class:`EngineWorker` on its own pool, adapters multiplexed by digest.
 
+The worker's step thread builds the engine from the config, so the thread that steps it is the one that built
+it (``engine/engine_build.py`` says why that matters on the CPU).
+
 Requests arrive through Serve's deployment handle as one encoded :class:`Submit` each and stream back as
 encoded :class:`StepOutputs` (every delta of the request that is ready when the reader wakes, so a slow
 reader gets fewer, larger chunks). A request names its adapter by content digest, which is also Serve's
@@ -89,16 +92,15 @@ class EngineReplica:
         self._pinned: set[str] = set()
         self._retiring: set[str] = set()  # unloaded by Serve while requests ran on them
         self._death: BaseException | None = None
-        engine = await asyncio.to_thread(Engine, config)
-        self.capacity = engine.adapters.capacity()
+        self._worker = EngineWorker(config, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
+        await asyncio.wrap_future(self._worker.start())  # built on the step thread; raises what Engine(config) raised
+        self.capacity = await asyncio.wrap_future(self._worker.call(lambda engine: engine.adapters.capacity()))
 
         async def load(digest: str) -> _LoadedAdapter:
             await self._register(digest)
             return _LoadedAdapter(self, digest)
 
         self._load_adapter = serve.multiplexed(max_num_models_per_replica=self.capacity)(load)
-        self._worker = EngineWorker(engine, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
-        self._worker.start()
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
         await self._apply_pins(await self._directory.join.remote(self.replica_id, os.getpid()))
         self._poll_task = self._loop.create_task(self._poll())

@@ -1,7 +1,8 @@
 """An engine on a thread of this process, behind the EngineClient interface (``LORAPLEX_ENGINE=thread``).
 
-Its step loop runs on a thread of its own (:class:`AsyncEngine`) and shares the GIL with the event loop;
-the default runs the engine in a worker process instead (app/engine_clients/process.py).
+Its step loop runs on a thread of its own (:class:`AsyncEngine`), which also builds the engine (the thread
+that steps an engine should be the one that built it: ``engine/engine_build.py``), and shares the GIL with
+the event loop; the default runs the engine in a worker process instead (app/engine_clients/process.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
-from engine import Engine, EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
+from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
 DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
@@ -33,16 +34,21 @@ class LocalEngineClient(TokenizingClient):
         self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
     async def start(self) -> None:
-        """Load the model (off the event loop: it takes seconds) and start the step loop."""
+        """Start the step loop, which first loads the model (seconds, off the event loop); Engine(config)'s errors."""
         if self._engine is not None:
             return
-        engine = await asyncio.to_thread(Engine, self.config)
+        async_engine = AsyncEngine(self.config)
+        try:
+            await asyncio.wrap_future(async_engine.start())
+        except asyncio.CancelledError:
+            async_engine.request_stop()  # its step thread ends once the engine it is building is built
+            raise
+        engine = async_engine.engine
         self._tokenizer = GatewayTokenizer(engine.tokenizer, engine.token_bytes)
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = self._tokenizer.max_prompt_chars(engine.max_model_len)
         self.vocab_size = engine.model_config.vocab_size
-        self._engine = AsyncEngine(engine)
-        self._engine.start()
+        self._engine = async_engine
 
     async def stop(self) -> None:
         if self._engine is not None:

@@ -25,6 +25,7 @@ from engine.errors import ConfigError, EngineDeadError, RequestError, UnknownAda
 from engine.grammar import GrammarError
 from tests.app.gateway_fixtures import make_tenant, start_process_engine, usage_rows
 from tests.app.live_server import live_server
+from tests.app.thread_ticks import cpu_ticks
 
 pytestmark = pytest.mark.default_model
 
@@ -84,23 +85,17 @@ async def test_errors_keep_their_engine_classes(process_engine: ProcessEngineCli
     assert process_engine.is_ready()
 
 
-def _cpu_ticks(stat: Path) -> int:
-    """User + system CPU time in clock ticks from a /proc stat file."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 @pytest.mark.anyio
 async def test_the_worker_steps_on_the_thread_that_built_the_engine(process_engine: ProcessEngineClient) -> None:
     """A step loop on a second thread gives libgomp a second pool and throttles its spin-wait (EngineWorker.run):
     the process's main thread, which built the engine, must do the stepping (its CPU time grows with the steps)."""
     main_thread = Path(f"/proc/{process_engine.pid}/task/{process_engine.pid}/stat")
     process = Path(f"/proc/{process_engine.pid}/stat")
-    main_before, process_before = _cpu_ticks(main_thread), _cpu_ticks(process)
+    main_before, process_before = cpu_ticks(main_thread), cpu_ticks(process)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     outputs = [output async for output in process_engine.generate([1, 2, 3], params, "threads", None)]
     assert outputs[-1].request_finished
-    main_spent, process_spent = _cpu_ticks(main_thread) - main_before, _cpu_ticks(process) - process_before
+    main_spent, process_spent = cpu_ticks(main_thread) - main_before, cpu_ticks(process) - process_before
     assert process_spent > 0
     assert main_spent >= 0.3 * process_spent, (main_spent, process_spent)  # a reader-only main thread spends ~0
 

@@ -1,4 +1,5 @@
-"""The engine on a real local Ray Serve: streaming, adapter affinity, cancellation, a killed replica, usage rows.
+"""The engine on a real local Ray Serve: streaming, adapter affinity, cancellation, a killed replica, usage rows,
+and the replica's step thread (the one that built its engine).
 
 Two replicas of the default model run under one Ray for the session (``ray_engine`` in conftest.py).
 """
@@ -27,6 +28,7 @@ from tests.app.ray_fixtures import (
     serving_replica,
     wait_for_replicas,
 )
+from tests.app.thread_ticks import thread_ticks
 from tests.engine.lora_helpers import make_peft_adapter
 
 pytestmark = [pytest.mark.default_model, pytest.mark.anyio]
@@ -35,6 +37,9 @@ NUM_ADAPTERS = 4
 AFFINITY_ROUNDS = 6
 MIN_HIT_RATE = 0.9
 FREE_WAIT_S = 10.0
+FRESH_REPLICA_ATTEMPTS = 20  # rounds of two requests until one reaches the restarted replica
+STARTUP_TICKS = 20  # CPU time (1/100 s) a thread spent by the time its replica joined: it did part of the start-up
+MIN_STARTUP_SHARE = 0.5  # of the steps' CPU time, done by such threads; a step thread started after the build: ~0
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +231,36 @@ async def test_pins_abort_all_and_removals_reach_every_replica(ray_engine, data_
     assert not ray_engine.has_adapter("pinned")
     with pytest.raises(UnknownAdapterError):
         await _generate(ray_engine, "after-removal", "pinned")
+
+
+async def test_a_replica_steps_on_the_thread_that_built_its_engine(ray_engine) -> None:
+    """libgomp's pool is per thread: stepping on another thread than the builder's is slower (engine_build.py).
+
+    A replica started afresh (Serve replaces a killed one) has served nothing when it joins, so the threads
+    that have spent CPU time by then did its start-up, the engine's build among it. They must do the steps;
+    a step thread started once the engine was built would have spent nothing by then.
+    """
+    members = replica_pids()
+    victim = next(iter(members))
+    os.kill(members[victim], signal.SIGKILL)
+    joined = await asyncio.to_thread(wait_for_replicas, NUM_REPLICAS, victim)
+    fresh = next(replica for replica in joined if replica not in members)
+    pid = joined[fresh]
+    at_join = thread_ticks(pid)
+    for attempt in range(FRESH_REPLICA_ATTEMPTS):
+        served_before = generated_by_replica(await ray_engine.worker_stats())
+        before = thread_ticks(pid)
+        await asyncio.gather(*(_generate(ray_engine, f"fresh-{attempt}-{i}", None, max_tokens=48) for i in range(2)))
+        after = thread_ticks(pid)
+        if generated_by_replica(await ray_engine.worker_stats()).get(fresh, 0) > served_before.get(fresh, 0):
+            break
+    else:
+        pytest.fail(f"no request reached the restarted replica {fresh} in {FRESH_REPLICA_ATTEMPTS} rounds")
+    spent = {thread: ticks - before.get(thread, 0) for thread, ticks in after.items()}
+    by_starters = sum(ticks for thread, ticks in spent.items() if at_join.get(thread, 0) >= STARTUP_TICKS)
+    total = sum(spent.values())
+    assert total > 0
+    busiest = sorted(((ticks, thread, at_join.get(thread, 0)) for thread, ticks in spent.items()), reverse=True)[:4]
+    assert by_starters >= MIN_STARTUP_SHARE * total, (
+        f"{by_starters} of {total} ticks; (spent, thread, at join): {busiest}"
+    )

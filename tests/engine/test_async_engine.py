@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import RequestError, SamplingParams
+from engine import EngineConfig, RequestError, SamplingParams
 from engine.async_engine import AsyncEngine
+from engine.errors import ConfigError, EngineDeadError
 from engine.page_pool import OwnerKind
 from tests.engine.conftest import make_engine
+from tests.engine.engine_threads import default_model_config, record_engine_threads
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Bonjour, ça va?", "Paged attention keeps"]
 
@@ -98,3 +100,35 @@ def test_stop_ends_streams_in_flight_with_abort(tiny_llama: Path) -> None:
         return reason
 
     assert asyncio.run(main()) == "abort"
+
+
+@pytest.mark.default_model
+def test_given_a_config_the_step_thread_builds_the_engine_it_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libgomp's pool is per thread: stepping on another thread than the builder's is slower (engine_build.py)."""
+    threads = record_engine_threads(monkeypatch)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def main() -> AsyncEngine:
+        engine = AsyncEngine(default_model_config())
+        await asyncio.wait_for(asyncio.wrap_future(engine.start()), 120)
+        try:
+            outputs = [output async for output in engine.generate(PROMPTS[0], params)]
+        finally:
+            await engine.stop()
+        assert len(outputs[-1].token_ids) == 8 and outputs[-1].request_finished
+        return engine
+
+    threads.check_stepped_where_built(asyncio.run(main()).engine)
+
+
+def test_a_config_it_cannot_build_from_fails_start_with_the_engines_error(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = AsyncEngine(EngineConfig(model=str(tmp_path)))
+        with pytest.raises(ConfigError, match=r"config\.json"):
+            await asyncio.wait_for(asyncio.wrap_future(engine.start()), 30)
+        with pytest.raises(EngineDeadError, match=r"config\.json"):
+            async for _ in engine.generate("hello", SamplingParams()):
+                pass
+        await asyncio.wait_for(engine.stop(), 30)
+
+    asyncio.run(main())

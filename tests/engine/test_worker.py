@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, GrammarConstraint, RequestOutput, SamplingParams
+from engine import Engine, EngineConfig, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import (
     AdapterBusyError,
     AdapterError,
@@ -38,6 +38,7 @@ from engine.worker_protocol import (
     to_wire,
 )
 from tests.engine.conftest import make_engine
+from tests.engine.engine_threads import default_model_config, record_engine_threads
 from tests.engine.lora_helpers import make_peft_adapter
 
 WAIT_S = 60.0
@@ -243,6 +244,39 @@ def test_a_dead_step_loop_fails_every_call_and_says_so_once(tiny_llama: Path) ->
     assert [str(error) for error in deaths] == ["a fault in the step"]
     with pytest.raises(EngineDeadError, match="a fault in the step"):
         worker.stats().result(WAIT_S)
+    worker.stop()
+
+
+@pytest.mark.default_model
+def test_given_a_config_the_step_thread_builds_the_engine_it_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libgomp's pool is per thread: stepping on another thread than the builder's is slower (engine_build.py)."""
+    threads = record_engine_threads(monkeypatch)
+    finished = threading.Event()
+
+    def emit(message: StepOutputs) -> None:
+        if any(delta.request_finished for delta in message.outputs):
+            finished.set()
+
+    worker = EngineWorker(default_model_config(), emit)
+    try:
+        worker.start().result(WAIT_S)
+        worker.submit(Submit("r", [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True), None, None, 1.0))
+        assert finished.wait(WAIT_S)
+    finally:
+        worker.stop()
+    threads.check_stepped_where_built(worker.engine)
+
+
+def test_a_config_it_cannot_build_from_fails_start_and_every_call(tmp_path: Path) -> None:
+    deaths: list[BaseException] = []
+    worker = EngineWorker(EngineConfig(model=str(tmp_path)), lambda _: None, on_death=deaths.append)
+    queued = worker.stats()  # before the build: it waits for the engine
+    with pytest.raises(ConfigError, match=r"config\.json"):
+        worker.start().result(WAIT_S)
+    for call in (queued, worker.stats(), worker.check_constraint(GrammarConstraint.choice(["a", "b"]))):
+        with pytest.raises(EngineError, match=r"config\.json"):
+            call.result(WAIT_S)
+    assert not deaths, "a build that fails is the start's error, not a death"
     worker.stop()
 
 
