@@ -11,12 +11,15 @@
 // 41 ms of arithmetic at its rate plus 26 ms of streaming). Here a thread prefetches its next panel into
 // L2 while it computes the current one, so the two overlap (the figures: kernels/linear_packed.py).
 //
-// Below kBlasRows rows each output is one fp32 FMA chain along k in order: a row's result is the same bits
-// alone or in any batch. From kBlasRows rows on, BLAS's batched GEMM runs on the same panels.
+// At prefill sizes the tiles run 2-5 % behind oneDNN (a whole 1,024-token step: 769-779 ms against
+// 742-758, alternated in one run); BLAS's batched GEMM on the same panels was no faster once its panels
+// were copied into rows (606 + 53 ms of a step's 785), and blocking k for L1 was slower (791-836 ms).
+//
+// Each output is one fp32 FMA chain along k in order, whatever the number of rows: a row's result is the
+// same bits alone or in any batch.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/matmul.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -36,9 +39,6 @@ constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
 // Rows a pass over the panels: the pass's inputs (128 x K floats) stay in L2 while each thread walks its
 // panels (measured: 1,024 rows in one pass ran ~5 % slower than in passes of 128).
 constexpr int64_t kRowsPerPass = 128;
-// From this many rows on, BLAS's GEMM on the same panels is as fast as oneDNN's and 5-10 % faster than the
-// tiles here (measured on the engine's projections at 512, 768 and 1,024 rows; at 256 the tiles lead).
-constexpr int64_t kBlasRows = 512;
 constexpr int kLineBytes = 64;
 
 struct Panel {
@@ -131,19 +131,6 @@ void panel_rows(const float* x, int64_t x_stride, int64_t rows, const Panel& pan
   }
 }
 
-// Prefill sizes: BLAS's batched GEMM over the panels (x @ packed[p] for each p), then the panels side by side.
-at::Tensor linear_blas(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                       int64_t out_features) {
-  const int64_t rows = x.size(0);
-  at::Tensor y = at::matmul(x, packed)  // [panels, num_rows, kPanelWidth]
-                     .permute({1, 0, 2})
-                     .reshape({rows, packed.size(0) * kPanelWidth})
-                     .narrow(1, 0, out_features)
-                     .contiguous();  // [num_rows, out_features]
-  if (bias.has_value()) y.add_(*bias);
-  return y;
-}
-
 }  // namespace
 
 int64_t linear_panel_width() { return kPanelWidth; }
@@ -186,7 +173,6 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   TORCH_CHECK_VALUE(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features &&
                                            bias->scalar_type() == at::kFloat && bias->device().is_cpu()),
                     "linear_packed: bias must be a float32 CPU tensor [out_features]");
-  if (rows >= kBlasRows) return linear_blas(x, packed, bias, out_features);
   // The bias padded to whole panels, so every tile starts its accumulators from kPanelWidth values.
   at::Tensor bias_panels = at::zeros({panels * kPanelWidth}, x.options());
   if (bias.has_value()) bias_panels.narrow(0, 0, out_features).copy_(*bias);
