@@ -173,21 +173,26 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   TORCH_CHECK_VALUE(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features &&
                                            bias->scalar_type() == at::kFloat && bias->device().is_cpu()),
                     "linear_packed: bias must be a float32 CPU tensor [out_features]");
-  // The bias padded to whole panels, so every tile starts its accumulators from kPanelWidth values.
-  at::Tensor bias_panels = at::zeros({panels * kPanelWidth}, x.options());
-  if (bias.has_value()) bias_panels.narrow(0, 0, out_features).copy_(*bias);
+  // The bias padded to whole panels, so every tile starts its accumulators from kPanelWidth values; without
+  // one, every panel starts from the same zeros.
+  alignas(64) static const float kNoBias[kPanelWidth] = {};
+  at::Tensor bias_panels;
+  if (bias.has_value()) {
+    bias_panels = at::zeros({panels * kPanelWidth}, x.options());
+    bias_panels.narrow(0, 0, out_features).copy_(*bias);
+  }
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
   const float* x_ptr = x.data_ptr<float>();
   const float* w_ptr = packed.data_ptr<float>();
-  const float* b_ptr = bias_panels.data_ptr<float>();
+  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : nullptr;
   float* y_ptr = y.data_ptr<float>();
   const int64_t x_stride = x.stride(0), panel_floats = in_features * kPanelWidth;
   for (int64_t first = 0; first < rows; first += kRowsPerPass) {
     const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
-        const Panel panel{w_ptr + p * panel_floats, b_ptr + p * kPanelWidth,
+        const Panel panel{w_ptr + p * panel_floats, b_ptr != nullptr ? b_ptr + p * kPanelWidth : kNoBias,
                           p + 1 < end ? w_ptr + (p + 1) * panel_floats : nullptr, in_features,
                           std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
         panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
