@@ -32,9 +32,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return require_native_ops().pack_linear_weight(weight)
 
 
-def linear_packed(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
-) -> torch.Tensor:
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` on a weight packed by :func:`pack_linear_weight`.
 
     Args:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
-
 import torch.nn.functional as F
 
 from kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
