@@ -5,9 +5,8 @@ There, a decode step's projections and LM head of the default model (30 layers, 
 from memory, 2-core Xeon) take 49.8 ms where oneDNN's packed GEMM takes 76.5 at 64 rows (346 against
 225 GFLOP/s), 34.1 against 49.2 at 32 rows, 22.3 against 32.0 at 8, 20.5 against 27.0 at one row; at
 256 rows the two are even (206 and 205 ms), and a whole 1,024-token prefill step takes 2-5 % longer
-(769-779 ms against 742-758, alternated in one run). On
-AVX2 it builds and passes the same tests (panels of 24 columns) but has not been measured against
-oneDNN there, so the engine keeps oneDNN on such CPUs.
+(769-779 ms against 742-758, alternated in one run). On AVX2 it builds and passes the same tests (panels
+of 24 columns) but has not been measured against oneDNN there, so the engine keeps oneDNN on such CPUs.
 """
 
 import functools
