@@ -125,11 +125,8 @@ class EngineWorker:
     def run(self) -> None:
         """Run the step loop on the calling thread (building the engine first, given a config) until a stop.
 
-        For a process of its own: the step loop belongs on the thread that built the engine. libgomp keeps a
-        pool of threads for every thread that opens parallel regions, and once it manages more threads
-        than there are cores it cuts its spin-wait short, so each of a step's hundreds of parallel regions waits
-        for sleeping threads to wake: on 2 cores, ops ran up to 4 times slower on a second thread and a
-        step 5 % slower (measured: the same run 313-315 tok/s on a thread, 329-332 on the main thread).
+        For a process of its own: the step loop belongs on the thread that built the engine
+        (``engine/engine_build.py`` says why and what it costs otherwise).
         """
         self._loop()
         self._helpers.shutdown(wait=False, cancel_futures=True)

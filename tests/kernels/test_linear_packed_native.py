@@ -2,6 +2,7 @@
 of a pass, widths with and without a partial last panel, bias, strided rows, batch invariance, and bad
 inputs; and LinearWeight choosing it."""
 
+import platform
 import random
 
 import pytest
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight, WeightLayout, linear
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
+from kernels.native_cpu import _cpu_flags
 
 TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 summation order only
 
@@ -101,6 +103,8 @@ def test_linear_weight_takes_the_native_panels_where_preferred(native, seed: int
     x = torch.randn(33, 96, generator=gen)
     native_weight = LinearWeight.prepare(weight, bias, KernelBackend.NATIVE)
     torch_weight = LinearWeight.prepare(weight, bias, KernelBackend.TORCH)
+    if platform.machine() in ("x86_64", "AMD64"):  # built with -march=native: the wide panels iff AVX-512
+        assert native_linear_preferred() == ("avx512f" in _cpu_flags().split())
     expected_layout = WeightLayout.NATIVE if native_linear_preferred() else WeightLayout.ONEDNN
     assert native_weight.layout is expected_layout
     assert torch_weight.layout is not WeightLayout.NATIVE
