@@ -64,12 +64,13 @@ def session_cookie(connection: ASGIConnection, session: ConsoleSession | None) -
     )
 
 
-def sign_in_cookie(connection: ASGIConnection, token: str) -> Cookie:
+def sign_in_cookie(connection: ASGIConnection, token: str | None) -> Cookie:
+    """The sign-in form's token cookie to set (``token``) or to clear (None, once signed in)."""
     return Cookie(
         key=SIGN_IN_COOKIE,
-        value=token,
+        value=token or "",
         path="/console",
-        max_age=int(sessions_of(connection).lifetime_s),
+        max_age=0 if token is None else int(sessions_of(connection).lifetime_s),
         httponly=True,
         samesite="strict",
         secure=connection.url.scheme == "https",

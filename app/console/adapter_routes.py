@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-
 from litestar import MediaType, Request, Response, get, post
 
-from app.admin.adapters import adapter_service
+from app.admin.adapters import AdapterId, TenantId, adapter_service
 from app.admin.tenants import tenant_service
 from app.console.access import admin_of, session_of
 from app.console.pages import render, see_other
@@ -23,7 +21,7 @@ def residency(pinned: bool, loaded: bool) -> str:
 
 
 @get("/tenants/{tenant_id:uuid}/adapters", include_in_schema=False)
-async def adapters_page(request: Request, tenant_id: uuid.UUID) -> Response:
+async def adapters_page(request: Request, tenant_id: TenantId) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     adapters = (await adapter_service(request).list_for_tenant(tenant_id)).data
     return render(request, "adapters.html", tenant=tenant, adapters=adapters, residency=residency, nav="tenants")
@@ -34,7 +32,7 @@ async def adapters_page(request: Request, tenant_id: uuid.UUID) -> Response:
     include_in_schema=False,
     request_max_body_size=None,  # the upload counts its own bytes against LORAPLEX_MAX_ADAPTER_MB as they arrive
 )
-async def upload_adapter(request: Request, tenant_id: uuid.UUID) -> Response:
+async def upload_adapter(request: Request, tenant_id: TenantId) -> Response:
     """The admin API's upload, streamed as is; the page's script shows the answer's text next to the drop zone."""
     try:
         adapter = await adapter_service(request).upload(
@@ -48,7 +46,7 @@ async def upload_adapter(request: Request, tenant_id: uuid.UUID) -> Response:
 
 
 @post("/adapters/{adapter_id:uuid}/pin", include_in_schema=False)
-async def pin_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
+async def pin_adapter(request: Request, adapter_id: AdapterId) -> Response:
     form = await request.form()
     pinned = form.get("pinned") == "true"
     adapter = await adapter_service(request).pin(admin_of(request), adapter_id, pinned)
@@ -57,7 +55,7 @@ async def pin_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
 
 
 @post("/adapters/{adapter_id:uuid}/unload", include_in_schema=False)
-async def unload_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
+async def unload_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).unload(admin_of(request), adapter_id)
     return see_other(
         f"/console/tenants/{adapter.tenant_id}/adapters",
@@ -67,13 +65,13 @@ async def unload_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
 
 
 @get("/adapters/{adapter_id:uuid}/delete", include_in_schema=False)
-async def confirm_delete_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
+async def confirm_delete_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).get(adapter_id)
     return render(request, "adapter_delete.html", adapter=adapter, nav="tenants")
 
 
 @post("/adapters/{adapter_id:uuid}/delete", include_in_schema=False)
-async def delete_adapter(request: Request, adapter_id: uuid.UUID) -> Response:
+async def delete_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).delete(admin_of(request), adapter_id)
     return see_other(
         f"/console/tenants/{adapter.tenant_id}/adapters",

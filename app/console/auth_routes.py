@@ -68,7 +68,7 @@ async def sign_in(request: Request) -> Response:
     logger.info("console: key %s of tenant %s signed in", principal.key_id, principal.tenant_name)
     response = Redirect(HOME, status_code=HTTP_303_SEE_OTHER)
     response.set_cookie(session_cookie(request, session))
-    response.delete_cookie(SIGN_IN_COOKIE, path="/console")
+    response.set_cookie(sign_in_cookie(request, None))
     return response
 
 

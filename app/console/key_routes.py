@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, time
+from typing import Annotated
 
 from litestar import Request, Response, get, post
+from litestar.params import PathParameter
 
+from app.admin.adapters import TenantId
 from app.admin.keys import key_service
 from app.admin.schemas_tenants import KeyCreate, KeyRotate
 from app.admin.tenant_service import LIMIT_FIELDS
@@ -17,10 +20,11 @@ from app.console.pages import render, see_other
 from app.web.errors import ApiError
 
 SCOPES = ("inference", "admin")
+KeyId = Annotated[uuid.UUID, PathParameter(description="The key's id.")]
 
 
 async def _keys_page(
-    request: Request, tenant_id: uuid.UUID, *, error: str | None = None, status_code: int = 200, form=None
+    request: Request, tenant_id: TenantId, *, error: str | None = None, status_code: int = 200, form=None
 ) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     keys = (await key_service(request).list_keys(tenant_id)).data
@@ -38,7 +42,7 @@ async def _keys_page(
 
 
 @get("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
-async def keys_page(request: Request, tenant_id: uuid.UUID) -> Response:
+async def keys_page(request: Request, tenant_id: TenantId) -> Response:
     return await _keys_page(request, tenant_id)
 
 
@@ -62,7 +66,7 @@ def _key_create(form) -> KeyCreate:
 
 
 @post("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
-async def create_key(request: Request, tenant_id: uuid.UUID) -> Response:
+async def create_key(request: Request, tenant_id: TenantId) -> Response:
     form = await request.form()
     try:
         created = await key_service(request).create(admin_of(request), tenant_id, _key_create(form))
@@ -73,7 +77,7 @@ async def create_key(request: Request, tenant_id: uuid.UUID) -> Response:
 
 
 @post("/keys/{key_id:uuid}/rotate", include_in_schema=False)
-async def rotate_key(request: Request, key_id: uuid.UUID) -> Response:
+async def rotate_key(request: Request, key_id: KeyId) -> Response:
     """A successor key (its secret shown once); the old key works for the grace period chosen."""
     form = await request.form()
     tenant_id = _tenant_of_form(form)
@@ -89,7 +93,7 @@ async def rotate_key(request: Request, key_id: uuid.UUID) -> Response:
 
 
 @post("/keys/{key_id:uuid}/revoke", include_in_schema=False)
-async def revoke_key(request: Request, key_id: uuid.UUID) -> Response:
+async def revoke_key(request: Request, key_id: KeyId) -> Response:
     revoked = await key_service(request).revoke(admin_of(request), key_id)
     return see_other(
         f"/console/tenants/{revoked.tenant_id}/keys",

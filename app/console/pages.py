@@ -53,13 +53,15 @@ def see_other(path: str, notice: str | None = None, request: Request | None = No
 
 
 def sign_in_required_handler(request: Request, error: SignInRequired) -> Response:
-    """No session: to the sign-in page (a full page load when htmx asked), clearing a stale cookie."""
+    """No session: to the sign-in page (a full page load when htmx asked), clearing the cookie if one was sent
+    (a stale one; a request from another site carries none, and must not sign the admin out)."""
     target = "/console/sign-in"
     if request.headers.get("hx-request"):
         response: Response = Response(content=b"", status_code=204, headers={HX_REDIRECT: target})
     else:
         response = Redirect(target, status_code=HTTP_303_SEE_OTHER)
-    response.set_cookie(session_cookie(request, None))
+    if request.cookies.get(SESSION_COOKIE):
+        response.set_cookie(session_cookie(request, None))
     return response
 
 

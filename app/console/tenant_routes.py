@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
-
 from litestar import Request, Response, get, post
 from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
+from app.admin.adapters import TenantId
 from app.admin.schemas_tenants import TenantCreate, TenantUpdate
 from app.admin.tenant_service import LIMIT_FIELDS
 from app.admin.tenants import tenant_service
@@ -25,7 +24,7 @@ async def _list_page(request: Request, *, error: str | None = None, status_code:
     return render(
         request,
         "tenants.html",
-        status_code=error.status_code,
+        status_code=status_code,
         tenants=tenants,
         show_deleted=show_deleted,
         error=error,
@@ -56,19 +55,19 @@ async def create_tenant(request: Request) -> Response:
 
 
 async def _tenant_page(
-    request: Request, tenant_id: uuid.UUID, *, error: str | None = None, status_code: int = 200
+    request: Request, tenant_id: TenantId, *, error: str | None = None, status_code: int = 200
 ) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
-    return render(request, "tenant.html", status_code=error.status_code, tenant=tenant, error=error, nav="tenants")
+    return render(request, "tenant.html", status_code=status_code, tenant=tenant, error=error, nav="tenants")
 
 
 @get("/tenants/{tenant_id:uuid}", include_in_schema=False)
-async def tenant_page(request: Request, tenant_id: uuid.UUID) -> Response:
+async def tenant_page(request: Request, tenant_id: TenantId) -> Response:
     return await _tenant_page(request, tenant_id)
 
 
 @post("/tenants/{tenant_id:uuid}", include_in_schema=False)
-async def update_tenant(request: Request, tenant_id: uuid.UUID) -> Response:
+async def update_tenant(request: Request, tenant_id: TenantId) -> Response:
     """The limits and weight form: every limit it sends is set (blank: unlimited)."""
     form = await request.form()
     try:
@@ -81,7 +80,7 @@ async def update_tenant(request: Request, tenant_id: uuid.UUID) -> Response:
 
 
 @post("/tenants/{tenant_id:uuid}/status", include_in_schema=False)
-async def set_tenant_status(request: Request, tenant_id: uuid.UUID) -> Response:
+async def set_tenant_status(request: Request, tenant_id: TenantId) -> Response:
     """Suspend (``disabled``: its keys are refused) or resume (``active``) the tenant."""
     form = await request.form()
     try:
@@ -94,13 +93,13 @@ async def set_tenant_status(request: Request, tenant_id: uuid.UUID) -> Response:
 
 
 @get("/tenants/{tenant_id:uuid}/delete", include_in_schema=False)
-async def confirm_delete_tenant(request: Request, tenant_id: uuid.UUID) -> Response:
+async def confirm_delete_tenant(request: Request, tenant_id: TenantId) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     return render(request, "tenant_delete.html", tenant=tenant, error=None, nav="tenants")
 
 
 @post("/tenants/{tenant_id:uuid}/delete", include_in_schema=False)
-async def delete_tenant(request: Request, tenant_id: uuid.UUID) -> Response:
+async def delete_tenant(request: Request, tenant_id: TenantId) -> Response:
     """Delete the tenant once its name is typed back (a confirmation a stray click or Enter cannot give)."""
     service = tenant_service(request)
     tenant = await service.get(tenant_id)
