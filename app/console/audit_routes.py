@@ -39,7 +39,8 @@ def _json(value: object) -> str | None:
 
 @get("/audit", include_in_schema=False)
 async def audit_page(request: Request) -> Response:
-    action = (request.query_params.get("action") or "")[:MAX_FIELD_CHARS]
+    # PostgreSQL text cannot hold NUL: a filter with one matches nothing anyway.
+    action = (request.query_params.get("action") or "")[:MAX_FIELD_CHARS].replace("\x00", "")
     text = (request.query_params.get("q") or "")[:MAX_FIELD_CHARS].replace("\x00", "")
     statement = (
         select(AuditLog, ApiKey.name, ApiKey.prefix)

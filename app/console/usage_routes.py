@@ -42,7 +42,7 @@ async def usage_page(request: Request) -> Response:
         query=query,
         group=group.value,
         rows=rows,
-        chart=chart_series(rows),
+        chart=chart_series(rows, query.start, query.end),
         csv_href=f"/console/usage.csv?{csv_params}" if csv_params else "/console/usage.csv",
         live_latency=ttft_lines(gateway_of(request).metrics),
         nav="usage",

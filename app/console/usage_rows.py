@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import astuple, dataclass, fields
-from datetime import date
+from datetime import date, timedelta
 from enum import StrEnum
 
 from sqlalchemy import Date, Float, cast, func, literal, select
@@ -113,9 +113,10 @@ def _csv_value(value: object) -> object:
     return value
 
 
-def chart_series(rows: list[ConsoleUsageRow]) -> dict[str, object]:
-    """The charts' data: the days, tokens in and out per day, and requests per day for each label shown."""
-    days = sorted({row.day for row in rows})
+def chart_series(rows: list[ConsoleUsageRow], start: date, end: date) -> dict[str, object]:
+    """The charts' data: every day from ``start`` to ``end`` (zero where nothing ran), tokens in and out per day,
+    and requests per day for each label shown."""
+    days = [start + timedelta(days=offset) for offset in range((end - start).days + 1)]
     position = {day: index for index, day in enumerate(days)}
     prompt = [0] * len(days)
     completion = [0] * len(days)
