@@ -59,6 +59,7 @@ def run_server(settings: Settings, host: str, port: int) -> None:
     async def announce(app: Litestar) -> None:
         gateway = app.state.gateway
         sys.stdout.write(banner(base_url, gateway.engine.model_name, gateway.demo))
+        sys.stdout.write(f"\nAdmin console: {base_url}/console (an admin key signs in)\n" if settings.console else "")
         sys.stdout.flush()
 
     app.on_startup.append(announce)
