@@ -24,6 +24,9 @@ from tests.app.live_server import LiveServer
 
 pytestmark = pytest.mark.default_model
 
+# Playwright's defaults (30 s for actions, 5 s for expectations) are for an idle machine; a CI box running the
+# engine's tests beside the browser can be many times slower, and a pass is never slower for a longer wait.
+LOADED_MACHINE_TIMEOUT_MS = 90_000
 HOSTILE_KEY_NAME = "<script>window.__owned = 1</script>"
 
 
@@ -38,6 +41,8 @@ def browser(server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture
 def page(browser: BrowserContext) -> Iterator[Page]:
     page = browser.new_page()
+    page.set_default_timeout(LOADED_MACHINE_TIMEOUT_MS)
+    expect.set_options(timeout=LOADED_MACHINE_TIMEOUT_MS)
     page.on("dialog", lambda dialog: pytest.fail(f"a script ran: dialog {dialog.message!r}"))
     yield page
     page.close()
