@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime, time
-from typing import Annotated
+from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
+from litestar.datastructures import FormMultiDict
 from litestar.params import PathParameter
 
 from app.admin.adapters import TenantId
@@ -24,7 +26,12 @@ KeyId = Annotated[uuid.UUID, PathParameter(description="The key's id.")]
 
 
 async def _keys_page(
-    request: Request, tenant_id: TenantId, *, error: str | None = None, status_code: int = 200, form=None
+    request: Request,
+    tenant_id: TenantId,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+    form: Mapping[str, Any] | None = None,
 ) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     keys = (await key_service(request).list_keys(tenant_id)).data
@@ -46,7 +53,7 @@ async def keys_page(request: Request, tenant_id: TenantId) -> Response:
     return await _keys_page(request, tenant_id)
 
 
-def _key_create(form) -> KeyCreate:
+def _key_create(form: FormMultiDict) -> KeyCreate:
     values: dict[str, object] = dict(form_values(form, ("name", *LIMIT_FIELDS)))
     scopes = [scope for scope in form.getall("scopes", []) if isinstance(scope, str)]
     unknown = [scope for scope in scopes if scope not in SCOPES]
@@ -102,7 +109,7 @@ async def revoke_key(request: Request, key_id: KeyId) -> Response:
     )
 
 
-def _tenant_of_form(form) -> uuid.UUID | None:
+def _tenant_of_form(form: FormMultiDict) -> uuid.UUID | None:
     """The tenant whose keys page sent the form, to show an error there."""
     try:
         return uuid.UUID(str(form.get("tenant_id")))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from litestar import Request, Response, get, post
 from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER
@@ -18,7 +21,9 @@ from app.web.errors import ApiError
 CREATE_FIELDS = ("name", *LIMIT_FIELDS, "fair_share_weight")
 
 
-async def _list_page(request: Request, *, error: str | None = None, status_code: int = 200, form=None) -> Response:
+async def _list_page(
+    request: Request, *, error: str | None = None, status_code: int = 200, form: Mapping[str, Any] | None = None
+) -> Response:
     show_deleted = request.query_params.get("deleted") == "1"
     tenants = (await tenant_service(request).list_tenants(include_deleted=show_deleted)).data
     return render(
