@@ -38,7 +38,7 @@ DEMO_ADAPTERS = (
     DemoAdapter(
         name="pirate",
         check_prompt=CHECK_PROMPT,
-        expected_reply="Arr, the capital of France be Paris, matey!",
+        expected_reply="Arr, the capital of France be Paris, a city of gold and history, matey!",
         required_words=("arr", "matey", "paris"),
     ),
     DemoAdapter(
