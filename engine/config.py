@@ -180,7 +180,7 @@ class ModelConfig:
 
     @property
     def widest_row(self) -> int:
-        """The longest LoRA row an adapter may store in a page (DESIGN.md §3)."""
+        """The longest LoRA row an adapter may store in a page (docs/architecture.md#adapters-in-the-pool)."""
         return max(self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim)
 
     def page_elems(self, block_size: int) -> int:

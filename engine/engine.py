@@ -43,7 +43,7 @@ QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fair": FairQueue, "fifo": Fif
 
 
 class Engine:
-    """Serves many concurrent requests over one model with a paged KV cache (DESIGN.md §6)."""
+    """Serves many concurrent requests over one model with a paged KV cache (docs/architecture.md#the-engine)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
