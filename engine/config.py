@@ -77,6 +77,7 @@ class EngineConfig:
             raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernels!r}")
 
     def torch_device(self) -> torch.device:
+        """``device`` resolved: "auto" is CUDA when torch sees a device, else the CPU."""
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -84,6 +85,7 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
+        """``dtype`` resolved for ``device``: "auto" is bfloat16 on CUDA, float32 on the CPU."""
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
