@@ -1,4 +1,4 @@
-# The two commands of the README. Each creates the virtual environment when it is missing.
+# The two commands of the README and docs/getting-started.md. Each creates the virtual environment when it is missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
