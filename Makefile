@@ -24,7 +24,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_engine.py --json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app engine kernels scripts tests
+	$(VENV)/bin/ruff check app engine kernels scripts tests docs/hooks
 
 # The documentation site (docs/, mkdocs.yml): built into site/ with broken links and anchors as errors.
 docs: $(STAMP)
