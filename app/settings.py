@@ -151,7 +151,7 @@ class Settings:
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
             redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
-            log_level=log_level_from_env(env),
+            log_level=_choice(env, "LORAPLEX_LOG_LEVEL", LOG_LEVELS),
         )
 
 
