@@ -25,6 +25,8 @@ ENGINE_KINDS = ("local", "process", "thread", "ray")
 # budget are spending the tenant did not agree to).
 FAIL_OPEN_FIRST = ("open", "closed")
 FAIL_CLOSED_FIRST = ("closed", "open")
+# How much the log says; the first is the default. "info" keeps other libraries' INFO lines out of it.
+LOG_LEVELS = ("info", "debug", "warning", "error")
 
 
 class SettingsError(ValueError):
@@ -116,6 +118,10 @@ class Settings:
     redis_fail_budget: str = "closed"
     """The same for the monthly budget (LORAPLEX_REDIS_FAIL_BUDGET)."""
 
+    log_level: str = "info"
+    """How much is logged (LORAPLEX_LOG_LEVEL): "info" (loraplex's own lines, and other libraries' warnings and
+    errors only), "debug" (everything, every library's included), "warning" or "error"."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -149,7 +155,13 @@ class Settings:
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
             redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
+            log_level=_choice(env, "LORAPLEX_LOG_LEVEL", LOG_LEVELS),
         )
+
+
+def log_level_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """LORAPLEX_LOG_LEVEL alone, for logging set up before the other settings are read."""
+    return _choice(os.environ if environ is None else environ, "LORAPLEX_LOG_LEVEL", LOG_LEVELS)
 
 
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:

@@ -7,7 +7,7 @@ is false) of ``{"name": <one of the tools>, "parameters": <that tool's arguments
 the default model's template defines none, so ``auto`` with tools is refused with the choices that work.
 
 The default model's chat template knows no tools either, so a conversation's tool parts are rendered as
-plain text before the template (README, "Structured output and tools"): the tools in the system message,
+plain text before the template (docs/api.md#tools): the tools in the system message,
 an assistant's calls as their JSON, a tool's result as a user message naming the call it answers.
 """
 
