@@ -149,3 +149,35 @@ async def test_unknown_ids_and_bad_filters_are_errors_in_words(gateway_settings,
         assert missing.status_code == 404 and "No tenant has the id" in missing.text
         bad_dates = await client.get("/console/usage", params={"start": "2026-02-30"})
         assert bad_dates.status_code == 400 and "start must be a date as YYYY-MM-DD" in bad_dates.text
+
+
+async def test_suspend_resume_and_rotate_from_the_console(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        user = await make_tenant(gateway, "acme")
+        token = await signed_in_token(client, admin.key)
+        models = {"Authorization": f"Bearer {user.key}"}
+        suspended = await client.post(
+            f"/console/tenants/{user.tenant_id}/status", data={CSRF_FIELD: token, "status": "disabled"}
+        )
+        assert suspended.status_code == 303
+        assert "Suspended the tenant acme" in (await client.get(suspended.headers["location"])).text
+        assert (await client.get("/v1/models", headers=models)).status_code == 403
+        await client.post(f"/console/tenants/{user.tenant_id}/status", data={CSRF_FIELD: token, "status": "active"})
+        assert (await client.get("/v1/models", headers=models)).status_code == 200
+
+        async with gateway.database.sessions() as session:
+            key_id = await session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == user.tenant_id))
+        rotated = await client.post(
+            f"/console/keys/{key_id}/rotate",
+            data={CSRF_FIELD: token, "grace_period_s": "0", "tenant_id": str(user.tenant_id)},
+        )
+        assert rotated.status_code == 303
+        secret = re.search(
+            r'data-testid="new-secret">(lpx_[^<]+)<', (await client.get(rotated.headers["location"])).text
+        )
+        assert secret is not None
+        assert (
+            await client.get("/v1/models", headers={"Authorization": f"Bearer {secret.group(1)}"})
+        ).status_code == 200
+        assert (await client.get("/v1/models", headers=models)).status_code == 401  # no grace: the old key is over
