@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: serve test bench lint docs docs-serve
+.PHONY: serve test bench lint docs docs-serve chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/loraplex serve
 
-test: $(STAMP)
+# The console's browser tests drive Debian's Chromium through Playwright (no browser download at run time).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium) || \
+		{ echo "make: the console's browser tests need Chromium: install the chromium package (as root: apt-get install -y chromium)" >&2; exit 1; }
+
+test: $(STAMP) chromium
 	$(VENV)/bin/loraplex models pull
 	$(PY) -m pytest -q
 

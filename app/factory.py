@@ -12,6 +12,8 @@ from litestar.openapi import OpenAPIConfig
 
 from app.admin.routes import ADMIN_ROUTES
 from app.api_docs.schema import complete_openapi_schema
+from app.console.router import console_router, console_static_router, console_templates
+from app.console.sessions import ConsoleSessions
 from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.observability.routes import OPS_ROUTES
@@ -31,8 +33,10 @@ def create_app(
 ) -> Litestar:
     """The app; it starts the database, the engine (unless one is given) and the writers when it starts."""
     settings = settings or Settings.from_env()
+    console_routes = [console_router(), console_static_router()] if settings.console else []
     app = Litestar(
-        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
+        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES, *console_routes],
+        template_config=console_templates() if settings.console else None,
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],
         request_max_body_size=settings.max_request_bytes,  # the adapter upload sets its own, counted as bytes arrive
@@ -45,5 +49,6 @@ def create_app(
         openapi_config=OpenAPIConfig(title="loraplex", version="0.1.0"),
         logging_config=None,
     )
+    app.state.console_sessions = ConsoleSessions()
     complete_openapi_schema(app.openapi_schema)
     return app

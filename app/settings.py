@@ -102,6 +102,9 @@ class Settings:
     max_prompts: int = DEFAULT_MAX_PROMPTS
     """Most prompts one /v1/completions request may send (LORAPLEX_MAX_PROMPTS)."""
 
+    console: bool = True
+    """Serve the admin console at /console (LORAPLEX_CONSOLE=0 turns it off; the admin REST API stays)."""
+
     redis_url: str | None = None
     """Redis that holds the limits' state, shared by every replica (LORAPLEX_REDIS_URL); None: in this process."""
 
@@ -147,6 +150,7 @@ class Settings:
             shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S") or 30,
             max_n=_int(env, "LORAPLEX_MAX_N") or DEFAULT_MAX_N,
             max_prompts=_int(env, "LORAPLEX_MAX_PROMPTS") or DEFAULT_MAX_PROMPTS,
+            console=_flag(env, "LORAPLEX_CONSOLE", default=True),
             redis_url=env.get("LORAPLEX_REDIS_URL") or None,
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
             redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),

@@ -19,7 +19,7 @@ from app.web.responses import error_responses
 KeyId = Annotated[uuid.UUID, Parameter(description="The key's id (not its prefix), as listings show it.")]
 
 
-def _keys(request: Request) -> KeyService:
+def key_service(request: Request) -> KeyService:
     gateway = gateway_of(request)
     return KeyService(gateway.database, gateway.key_secret, gateway.authenticator)
 
@@ -55,7 +55,7 @@ async def create_key(
         ),
     ],
 ) -> KeyCreated:
-    return await _keys(request).create(admin_of(request), tenant_id, data)
+    return await key_service(request).create(admin_of(request), tenant_id, data)
 
 
 @get(
@@ -67,7 +67,7 @@ async def create_key(
     responses=error_responses(401, 403, 404),
 )
 async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
-    return await _keys(request).list_keys(tenant_id)
+    return await key_service(request).list_keys(tenant_id)
 
 
 @patch(
@@ -94,7 +94,7 @@ async def update_key(
         ),
     ],
 ) -> KeyOut:
-    return await _keys(request).update(admin_of(request), key_id, data)
+    return await key_service(request).update(admin_of(request), key_id, data)
 
 
 @delete(
@@ -107,7 +107,7 @@ async def update_key(
     responses=error_responses(401, 403, 404),
 )
 async def revoke_key(request: Request, key_id: KeyId) -> KeyOut:
-    return await _keys(request).revoke(admin_of(request), key_id)
+    return await key_service(request).revoke(admin_of(request), key_id)
 
 
 @post(
@@ -135,7 +135,7 @@ async def rotate_key(
         ),
     ],
 ) -> KeyCreated:
-    return await _keys(request).rotate(admin_of(request), key_id, data)
+    return await key_service(request).rotate(admin_of(request), key_id, data)
 
 
 KEY_ROUTES = [create_key, list_keys, update_key, revoke_key, rotate_key]

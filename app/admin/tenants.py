@@ -36,7 +36,7 @@ def admin_of(request: Request) -> Principal:
     return request.state[ADMIN_STATE]
 
 
-def _tenants(request: Request) -> TenantService:
+def tenant_service(request: Request) -> TenantService:
     gateway = gateway_of(request)
     return TenantService(gateway.database, gateway.resolver, gateway.adapters, gateway.authenticator)
 
@@ -70,7 +70,7 @@ async def create_tenant(
         ),
     ],
 ) -> TenantOut:
-    return await _tenants(request).create(admin_of(request), data)
+    return await tenant_service(request).create(admin_of(request), data)
 
 
 @get(
@@ -85,7 +85,7 @@ async def list_tenants(
     request: Request,
     include_deleted: Annotated[bool, Parameter(description="Also list deleted tenants.")] = False,
 ) -> TenantList:
-    return await _tenants(request).list_tenants(include_deleted)
+    return await tenant_service(request).list_tenants(include_deleted)
 
 
 @get(
@@ -97,7 +97,7 @@ async def list_tenants(
     responses=error_responses(401, 403, 404),
 )
 async def get_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
-    return await _tenants(request).get(tenant_id)
+    return await tenant_service(request).get(tenant_id)
 
 
 @patch(
@@ -127,7 +127,7 @@ async def update_tenant(
         ),
     ],
 ) -> TenantOut:
-    return await _tenants(request).update(admin_of(request), tenant_id, data)
+    return await tenant_service(request).update(admin_of(request), tenant_id, data)
 
 
 @delete(
@@ -141,7 +141,7 @@ async def update_tenant(
     responses=error_responses(401, 403, 404, 409),
 )
 async def delete_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
-    return await _tenants(request).delete(admin_of(request), tenant_id)
+    return await tenant_service(request).delete(admin_of(request), tenant_id)
 
 
 TENANT_ROUTES = [create_tenant, list_tenants, get_tenant, update_tenant, delete_tenant]

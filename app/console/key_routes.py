@@ -1,0 +1,120 @@
+"""Console pages for a tenant's API keys: listing, creating (the secret shown once), rotating and revoking."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, time
+from typing import Annotated, Any
+
+from litestar import Request, Response, get, post
+from litestar.datastructures import FormMultiDict
+from litestar.params import PathParameter
+
+from app.admin.adapters import TenantId
+from app.admin.keys import key_service
+from app.admin.schemas_tenants import KeyCreate, KeyRotate
+from app.admin.tenant_service import LIMIT_FIELDS
+from app.admin.tenants import tenant_service
+from app.console.access import admin_of, session_of
+from app.console.forms import FormError, convert, form_values
+from app.console.pages import render, see_other
+from app.web.errors import ApiError
+
+SCOPES = ("inference", "admin")
+KeyId = Annotated[uuid.UUID, PathParameter(description="The key's id.")]
+
+
+async def _keys_page(
+    request: Request,
+    tenant_id: TenantId,
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+    form: Mapping[str, Any] | None = None,
+) -> Response:
+    tenant = await tenant_service(request).get(tenant_id)
+    keys = (await key_service(request).list_keys(tenant_id)).data
+    return render(
+        request,
+        "keys.html",
+        status_code=status_code,
+        tenant=tenant,
+        keys=keys,
+        now=datetime.now(UTC),
+        error=error,
+        form=form or {},
+        nav="tenants",
+    )
+
+
+@get("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
+async def keys_page(request: Request, tenant_id: TenantId) -> Response:
+    return await _keys_page(request, tenant_id)
+
+
+def _key_create(form: FormMultiDict) -> KeyCreate:
+    values: dict[str, object] = dict(form_values(form, ("name", *LIMIT_FIELDS)))
+    scopes = [scope for scope in form.getall("scopes", []) if isinstance(scope, str)]
+    unknown = [scope for scope in scopes if scope not in SCOPES]
+    if unknown:
+        raise FormError(f"Scopes: choose among {', '.join(SCOPES)}.")
+    if not scopes:
+        raise FormError("Scopes: tick at least one (inference calls the OpenAI API, admin this console and /admin).")
+    values["scopes"] = scopes
+    expires_on = form_values(form, ("expires_on",)).get("expires_on")
+    if expires_on is not None:
+        try:
+            day = datetime.strptime(expires_on, "%Y-%m-%d").date()
+        except ValueError:
+            raise FormError(f"Expires on: expected a date as YYYY-MM-DD, got {expires_on!r}.") from None
+        values["expires_at"] = datetime.combine(day, time(0, 0), tzinfo=UTC).isoformat()
+    return convert(values, KeyCreate)
+
+
+@post("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
+async def create_key(request: Request, tenant_id: TenantId) -> Response:
+    form = await request.form()
+    try:
+        created = await key_service(request).create(admin_of(request), tenant_id, _key_create(form))
+    except (FormError, ApiError) as error:
+        return await _keys_page(request, tenant_id, error=error.message, status_code=error.status, form=dict(form))
+    session_of(request).new_secrets.append((f"New key {created.name} ({created.prefix})", created.key))
+    return see_other(f"/console/tenants/{tenant_id}/keys")
+
+
+@post("/keys/{key_id:uuid}/rotate", include_in_schema=False)
+async def rotate_key(request: Request, key_id: KeyId) -> Response:
+    """A successor key (its secret shown once); the old key works for the grace period chosen."""
+    form = await request.form()
+    tenant_id = _tenant_of_form(form)
+    try:
+        body = convert(form_values(form, ("grace_period_s",)), KeyRotate)
+        created = await key_service(request).rotate(admin_of(request), key_id, body)
+    except (FormError, ApiError) as error:
+        if tenant_id is None:
+            raise
+        return await _keys_page(request, tenant_id, error=error.message, status_code=error.status)
+    session_of(request).new_secrets.append((f"Rotated key {created.name}: the new key ({created.prefix})", created.key))
+    return see_other(f"/console/tenants/{created.tenant_id}/keys")
+
+
+@post("/keys/{key_id:uuid}/revoke", include_in_schema=False)
+async def revoke_key(request: Request, key_id: KeyId) -> Response:
+    revoked = await key_service(request).revoke(admin_of(request), key_id)
+    return see_other(
+        f"/console/tenants/{revoked.tenant_id}/keys",
+        f"Revoked the key {revoked.name} ({revoked.prefix}): it is refused from now on.",
+        request,
+    )
+
+
+def _tenant_of_form(form: FormMultiDict) -> uuid.UUID | None:
+    """The tenant whose keys page sent the form, to show an error there."""
+    try:
+        return uuid.UUID(str(form.get("tenant_id")))
+    except ValueError:
+        return None
+
+
+KEY_ROUTES = [keys_page, create_key, rotate_key, revoke_key]
