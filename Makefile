@@ -18,7 +18,7 @@ serve: $(STAMP)
 
 # The console's browser tests drive Debian's Chromium through Playwright (no browser download at run time).
 chromium:
-	@command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium) || \
+	@command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) || \
 		{ echo "make: the console's browser tests need Chromium: install the chromium package (as root: apt-get install -y chromium)" >&2; exit 1; }
 
 test: $(STAMP) chromium
