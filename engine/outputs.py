@@ -82,3 +82,7 @@ class EngineStats:
     waiting_adapters: list[str] = field(default_factory=list)  # the same for waiting sequences
     max_adapters: int = 0  # adapters the engine can hold at once (AdapterCache.capacity)
     num_registered_adapters: int = 0  # adapters registered (host tier), resident in the pool or not
+    dtype: str = "float32"  # the model's dtype ("auto" resolved)
+    activation_dtype: str = "float32"  # activations, K/V and adapters in the pool
+    weight_format: str = "float32"  # the projections' weights: "float32", "bfloat16" or "int8"
+    precision_reason: str = ""  # why the engine runs these (engine/precision.py)
