@@ -114,7 +114,7 @@ class EngineConfig:
             reason = f"they run on CPU only and the engine runs on {device.type}"
         elif dtype not in (torch.float32, torch.bfloat16):
             reason = (
-                f"they run float32 or bfloat16 weights only and the engine runs {str(dtype).removeprefix('torch.')}"
+                f"they take float32 or bfloat16 models only and the engine runs {str(dtype).removeprefix('torch.')}"
             )
         elif head_dim % NATIVE_HEAD_DIM_MULTIPLE:
             reason = f"they need a head_dim that is a multiple of {NATIVE_HEAD_DIM_MULTIPLE}, the model's is {head_dim}"
