@@ -48,7 +48,7 @@ MODES = {  # name: (dtype, quantization)
     "int8": ("bfloat16", "int8"),
 }
 CAPACITY_TOKENS = 1024  # pool capacity is counted in sequences this long
-MODES_POOL_BYTES = 5 * 2**30 // 4  # each mode's engine: room for the workload without preemption
+MODES_POOL_MIB = 1280  # each mode's engine: room for the default workload (64 requests) without preemption
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,7 @@ def workload_flops(cfg: ModelConfig, workload: Workload) -> float:
 
 
 def run_engine(engine: Engine, workload: Workload) -> tuple[float, list[float]]:
+    """Wall seconds of the workload and each request's time to first token."""
     start = time.perf_counter()
     ids = [
         engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
@@ -154,8 +155,9 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
     engines = {
         name: Engine(
             EngineConfig(
-                model=folder, dtype=dtype, quantization=quantization, pool_bytes=MODES_POOL_BYTES,
+                model=folder, dtype=dtype, quantization=quantization, pool_bytes=args.pool_mb * 2**20,
                 max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_batched_tokens,
+                num_threads=args.threads,
             )
         )
         for name, (dtype, quantization) in MODES.items()
@@ -164,21 +166,28 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
     workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
     warmup = make_workload(4, cfg.vocab_size, args.seed + 1)
     rates: dict[str, list[float]] = {name: [] for name in engines}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
     for engine in engines.values():
         run_engine(engine, warmup)
     for round_index in range(args.rounds):
         for name, engine in engines.items():
+            cpu_start = time.process_time()
             seconds, _ = run_engine(engine, workload)
             rates[name].append(workload.num_output_tokens / seconds)
-            logger.info("round %d %s: %.1f tok/s", round_index, name, rates[name][-1])
+            cpu_rates[name].append(workload.num_output_tokens / (time.process_time() - cpu_start))
+            logger.info("round %d %s: %.1f tok/s, %.1f tok per CPU second", round_index, name, rates[name][-1],
+                        cpu_rates[name][-1])
     result: dict = {"num_requests": args.num_requests, "max_batch": args.max_batch, "rounds": args.rounds,
                     "num_output_tokens": workload.num_output_tokens}
     for name, engine in engines.items():
         result[f"{name}_tok_s"] = round(statistics.median(rates[name]), 1)
         result[f"{name}_tok_s_rounds"] = [round(rate, 1) for rate in rates[name]]
+        result[f"{name}_tok_per_cpu_s"] = round(statistics.median(cpu_rates[name]), 1)
         result[f"{name}_precision"] = engine.precision.reason
         result[f"{name}_weight_mib"] = round(sum(w.weight_bytes for w in engine_weights(engine)) / 2**20, 1)
         result[f"{name}_seqs_1k_per_gib"] = sequences_per_gib(engine)
+    for name in ("bf16", "int8"):
+        result[f"{name}_vs_fp32_cpu_time"] = round(result[f"{name}_tok_per_cpu_s"] / result["fp32_tok_per_cpu_s"], 3)
     result["bf16_vs_fp32"] = round(result["bf16_tok_s"] / result["fp32_tok_s"], 3)
     result["int8_vs_fp32"] = round(result["int8_tok_s"] / result["fp32_tok_s"], 3)
     return result
@@ -204,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantization", default=None, choices=("int8",))
     parser.add_argument("--modes", action="store_true", help="fp32, bf16 and int8 side by side (no transformers)")
     parser.add_argument("--rounds", type=int, default=3, help="with --modes: alternated rounds, medians reported")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--pool-mb", type=int, default=MODES_POOL_MIB, help="with --modes: each engine's pool, MiB")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
@@ -213,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         write_result(run_modes(folder, args), args.json)
         return 0
     engine = Engine(EngineConfig(model=folder, max_num_seqs=args.max_batch, dtype=args.dtype,
-                                 quantization=args.quantization, max_num_batched_tokens=args.max_batched_tokens))
+                                 quantization=args.quantization, max_num_batched_tokens=args.max_batched_tokens,
+                                 num_threads=args.threads))
     cfg = engine.model_config
     workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
     warmup = make_workload(4, cfg.vocab_size, args.seed + 1)
