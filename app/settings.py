@@ -20,6 +20,8 @@ DEFAULT_MAX_REQUEST_KB = 4096
 # Where the engine runs: on this machine ("local": a worker process of its own fed over a socket, also
 # spelled "process"; "thread": a thread of the gateway's process), or as replicas on Ray Serve ("ray").
 ENGINE_KINDS = ("local", "process", "thread", "ray")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the first is the default
+QUANTIZATION_CHOICES = ("int8",)
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
 # budget are spending the tenant did not agree to).
@@ -77,6 +79,12 @@ class Settings:
 
     max_num_seqs: int = 64
     """Most sequences the engine runs at once (LORAPLEX_MAX_NUM_SEQS)."""
+
+    dtype: str = "auto"
+    """The model's precision (LORAPLEX_DTYPE): "auto", "float32", "bfloat16" or "float16" (docs/precision.md)."""
+
+    quantization: str | None = None
+    """Projection weights in 8 bits (LORAPLEX_QUANTIZATION=int8, CPU only); None: the model's dtype."""
 
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
@@ -142,6 +150,10 @@ class Settings:
             ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
+            dtype=_choice(env, "LORAPLEX_DTYPE", DTYPES),
+            quantization=_choice(env, "LORAPLEX_QUANTIZATION", QUANTIZATION_CHOICES)
+            if env.get("LORAPLEX_QUANTIZATION")
+            else None,
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
             max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK") or 256,

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ConfigError
+from engine.precision import QUANTIZATIONS, Precision, requested_dtype, resolve_precision
 from kernels.backend import KernelBackend, triton_unavailable_reason
 from kernels.native_cpu import unavailable_reason
 
@@ -32,7 +33,11 @@ class EngineConfig:
     device: str = "auto"
     """"auto" (CUDA when present, else CPU), "cpu" or "cuda"."""
     dtype: str = "auto"
-    """"auto" (bf16 on CUDA, fp32 on CPU), "float32", "bfloat16" or "float16"."""
+    """The model's precision: "float32", "bfloat16", "float16" or "auto" (bf16 on CUDA; on CPU bf16 where the
+    CPU computes it natively, AVX512-BF16 or AMX, else fp32). On the native CPU kernels bf16 is the
+    projections' weight format and activations stay fp32 (engine/precision.py)."""
+    quantization: str | None = None
+    """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
     pool_bytes: int | None = None
     """Bytes for the unified page pool; None: a fraction of free GPU memory, or 2 GiB on CPU."""
     block_size: int | None = None
@@ -53,13 +58,17 @@ class EngineConfig:
     """The ops' implementation: "triton" (the Triton kernels for paged attention and SGMV, torch for the
     rest; on CPU only under Triton's interpreter, TRITON_INTERPRET=1 set before the kernels are imported),
     "native" (the C++ CPU kernels, built once on first use), "torch", or "auto" (triton on CUDA; on CPU
-    native when it builds and the model runs in fp32, else torch with a warning)."""
+    native when it builds and the model runs in fp32 or bf16, else torch with a warning)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(
+                f"quantization must be unset or one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -85,10 +94,13 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
-        """``dtype`` resolved for ``device``: "auto" is bfloat16 on CUDA, float32 on the CPU."""
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return getattr(torch, self.dtype)
+        """The model dtype on ``device`` (``auto`` resolved); the activations' may differ (engine/precision.py)."""
+        return requested_dtype(self.dtype, device)[0]
+
+    def precision(self, device: torch.device, backend: KernelBackend) -> Precision:
+        """The dtypes and weight format the engine runs with ``backend`` on ``device``, and why."""
+        dtype, why = requested_dtype(self.dtype, device)
+        return resolve_precision(dtype, why, self.quantization, device, backend)
 
     def kernel_backend(self, device: torch.device, dtype: torch.dtype, head_dim: int) -> KernelBackend:
         """The ``kernels`` setting resolved for this engine; may build the native kernels (once per machine)."""
@@ -101,8 +113,10 @@ class EngineConfig:
             return KernelBackend.TORCH
         if device.type != "cpu":
             reason = f"they run on CPU only and the engine runs on {device.type}"
-        elif dtype != torch.float32:
-            reason = f"they run float32 only and the engine runs {str(dtype).removeprefix('torch.')}"
+        elif dtype not in (torch.float32, torch.bfloat16):
+            reason = (
+                f"they take float32 or bfloat16 models only and the engine runs {str(dtype).removeprefix('torch.')}"
+            )
         elif head_dim % NATIVE_HEAD_DIM_MULTIPLE:
             reason = f"they need a head_dim that is a multiple of {NATIVE_HEAD_DIM_MULTIPLE}, the model's is {head_dim}"
         else:

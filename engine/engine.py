@@ -23,6 +23,7 @@ from engine.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
 from engine.page_pool import make_pool
+from engine.precision import dtype_name
 from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
 from engine.sampling_batch import build_sampling_batch
@@ -59,10 +60,11 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.token_bytes = TokenBytes(self.tokenizer)
         self.kernels = config.kernel_backend(self.device, self.dtype, self.model_config.head_dim)
-        weights = load_weights(folder, self.model_config, self.dtype, self.device, self.kernels)
+        self.precision = config.precision(self.device, self.kernels)
+        weights = load_weights(folder, self.model_config, self.precision, self.device, self.kernels)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
-        self.pool = make_pool(config, self.model_config, self.dtype, self.device)
+        self.pool = make_pool(config, self.model_config, self.precision.activation_dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
         self.scheduler = Scheduler(
@@ -80,14 +82,14 @@ class Engine:
         self._ids = itertools.count()
         self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
         logger.info(
-            "engine ready: %s on %s/%s with the %s kernels, %d pages of %d tokens (%.0f MiB)",
+            "engine ready: %s on %s with the %s kernels, %d pages of %d tokens (%.0f MiB); %s",
             folder.name,
             self.device,
-            str(self.dtype).removeprefix("torch."),
             self.kernels.value,
             self.pool.num_pages,
             self.pool.block_size,
             self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
+            self.precision.reason,
         )
 
     # Adapters -------------------------------------------------------------------------------------
@@ -381,6 +383,10 @@ class Engine:
             running_adapters=_adapter_names(self.scheduler.running),
             waiting_adapters=_adapter_names(self.scheduler.waiting),
             max_adapters=self.adapters.capacity(),
+            dtype=dtype_name(self.precision.dtype),
+            activation_dtype=dtype_name(self.precision.activation_dtype),
+            weight_format=self.precision.weight_format,
+            precision_reason=self.precision.reason,
         )
 
 

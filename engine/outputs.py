@@ -150,3 +150,15 @@ class EngineStats:
 
     num_registered_adapters: int = 0
     """Adapters registered (host tier), resident in the pool or not."""
+
+    dtype: str = "float32"
+    """The model's dtype ("auto" resolved)."""
+
+    activation_dtype: str = "float32"
+    """The dtype of activations, K/V and adapters in the pool."""
+
+    weight_format: str = "float32"
+    """The projections' weights: "float32", "bfloat16" or "int8"."""
+
+    precision_reason: str = ""
+    """Why the engine runs these dtypes (see docs/precision.md)."""

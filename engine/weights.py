@@ -8,6 +8,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.errors import ConfigError
+from engine.precision import Precision
 from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight
 
@@ -31,9 +32,15 @@ class ModelWeights:
 
 
 def load_weights(
-    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, backend: KernelBackend
+    folder: Path, config: ModelConfig, precision: Precision, device: torch.device, backend: KernelBackend
 ) -> ModelWeights:
-    """The checkpoint's tensors on ``device`` in ``dtype``, projections prepared for ``backend``'s GEMM."""
+    """The checkpoint's tensors on ``device``, projections prepared for ``backend``'s GEMM.
+
+    The embedding, norms and biases come in the activation dtype; the projections in the model's dtype, or
+    quantized from the checkpoint's values (read in fp32) when ``precision.quantization`` says so.
+    """
+    dtype = precision.activation_dtype
+    projection_dtype = torch.float32 if precision.quantization else precision.dtype
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"{folder} has no .safetensors weights; convert the model to safetensors first")
@@ -43,16 +50,19 @@ def load_weights(
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 tensors[name] = handle.get_tensor(name)
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
         if name not in tensors:
             raise ConfigError(f"{folder} lacks the tensor {name!r}; is it a {config.model_type} checkpoint?")
-        return tensors.pop(name).to(device=device, dtype=dtype)
+        return tensors.pop(name).to(device=device, dtype=as_dtype)
 
-    def optional(name: str) -> torch.Tensor | None:
-        return take(name) if name in tensors else None
+    def optional(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor | None:
+        return take(name, as_dtype) if name in tensors else None
 
-    def projection(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
-        return LinearWeight.prepare(weight, bias, backend)
+    def weight(name: str) -> torch.Tensor:
+        return take(name, projection_dtype)
+
+    def projection(matrix: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+        return LinearWeight.prepare(matrix.to(projection_dtype), bias, backend, precision.quantization)
 
     layers = []
     for index in range(config.num_layers):
@@ -63,19 +73,19 @@ def load_weights(
         layers.append(
             LayerWeights(
                 input_norm=take(prefix + "input_layernorm.weight"),
-                qkv=projection(torch.cat([take(attn + f"{proj}_proj.weight") for proj in "qkv"]), qkv_bias),
-                o=projection(take(attn + "o_proj.weight")),
+                qkv=projection(torch.cat([weight(attn + f"{proj}_proj.weight") for proj in "qkv"]), qkv_bias),
+                o=projection(weight(attn + "o_proj.weight")),
                 post_norm=take(prefix + "post_attention_layernorm.weight"),
-                gate_up=projection(torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])),
-                down=projection(take(mlp + "down_proj.weight")),
+                gate_up=projection(torch.cat([weight(mlp + "gate_proj.weight"), weight(mlp + "up_proj.weight")])),
+                down=projection(weight(mlp + "down_proj.weight")),
             )
         )
-    embed = take("model.embed_tokens.weight")
-    lm_head = optional("lm_head.weight")
+    embed = take("model.embed_tokens.weight", torch.float32)  # the tied LM head's weight in full precision
+    lm_head = optional("lm_head.weight", projection_dtype)
     if lm_head is None:
         if not config.tie_word_embeddings:
             raise ConfigError(f"{folder} has no lm_head.weight and its config does not tie embeddings")
         lm_head = embed
     return ModelWeights(
-        embed=embed, layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=projection(lm_head)
+        embed=embed.to(dtype), layers=tuple(layers), final_norm=take("model.norm.weight"), lm_head=projection(lm_head)
     )

@@ -1,11 +1,16 @@
-"""Dense projections with weights packed once for the CPU's GEMM.
+"""Dense projections with weights packed once for the CPU's GEMM, in fp32, bf16 or int8.
 
-Three layouts, chosen once at load by :meth:`LinearWeight.prepare`:
+The layouts, chosen once at load by :meth:`LinearWeight.prepare`:
 
-- NATIVE: the native backend's panels (kernels/linear_packed.py), where the library is built with
-  AVX-512: it overlaps streaming the weights with the arithmetic, which decode steps are bound by.
-- ONEDNN: oneDNN's linear with a weight reordered ahead of time; on the AVX2 EPYC it ran 1.5 to 2 times
-  faster than the default BLAS call at decode batch sizes (8 to 128 rows), about 1.3 times at prefill.
+- NATIVE: the native backend's panels (kernels/linear_packed.py). fp32 weights take them where the
+  library is built with AVX-512: it overlaps streaming the weights with the arithmetic, which decode
+  steps are bound by. bf16 and int8 weights take them on every CPU the library builds for: the panels
+  widen them in registers, so a step streams a half or a quarter of the bytes (activations stay fp32).
+- ONEDNN: oneDNN's linear with a weight reordered ahead of time (fp32, or bf16 with bf16 activations);
+  on the AVX2 EPYC it ran 1.5 to 2 times faster than the default BLAS call at decode batch sizes (8 to
+  128 rows), about 1.3 times at prefill.
+- INT8: torch's weight-only int8 matmul (``aten._weight_int8pack_mm``), activations in the model's dtype;
+  where the native library is not used.
 - PLAIN: the weight as it is and ``F.linear``, on CUDA or where torch lacks oneDNN's op.
 """
 
@@ -23,12 +28,14 @@ from kernels.linear_packed import linear_packed, native_linear_preferred, pack_l
 logger = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for: a full decode batch
+INT8_MAX = 127  # symmetric int8: q in [-127, 127], so -q never overflows
 
 
 class WeightLayout(enum.Enum):
     PLAIN = "plain"  # [out_features, in_features], F.linear
     ONEDNN = "onednn"  # oneDNN's reordered weight, its packed linear
     NATIVE = "native"  # the native library's panels, kernels/linear_packed.py
+    INT8 = "int8"  # [out_features, in_features] int8 and per-row scales, torch's weight-only int8 matmul
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,51 +46,103 @@ class LinearWeight:
     bias: torch.Tensor | None
     layout: WeightLayout
     out_features: int
+    scales: torch.Tensor | None = None  # [out_features] fp32 for int8 weights: weight[o] = scales[o] * q[o]
 
     @classmethod
     def prepare(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: KernelBackend = KernelBackend.TORCH
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        backend: KernelBackend = KernelBackend.TORCH,
+        quantization: str | None = None,
     ) -> "LinearWeight":
-        """``weight`` in the fastest layout for ``backend`` here (CPU fp32 only; else as it is)."""
+        """``weight`` in the fastest layout for ``backend`` here.
+
+        ``weight`` comes in the weight dtype the engine chose (fp32 or bf16); ``quantization="int8"``
+        quantizes it per output row. On the NATIVE backend the activations are fp32 whatever the weights,
+        so the bias is kept fp32 there.
+        """
         out_features = weight.shape[0]
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        native = backend is KernelBackend.NATIVE and weight.device.type == "cpu"
+        if quantization == "int8":
+            q, scales = quantize_int8(weight)  # [out, in] int8, [out] fp32
+            if native:
+                return cls(pack_linear_weight(q), _fp32(bias), WeightLayout.NATIVE, out_features, scales)
+            return cls(q, bias, WeightLayout.INT8, out_features, scales)
+        if quantization is not None:
+            raise ValueError(f"quantization must be None or 'int8', got {quantization!r}")
+        if native and weight.dtype == torch.bfloat16:
+            return cls(pack_linear_weight(weight), _fp32(bias), WeightLayout.NATIVE, out_features)
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return cls(weight, bias, WeightLayout.PLAIN, out_features)
-        if backend is KernelBackend.NATIVE and native_linear_preferred():
+        if native and weight.dtype == torch.float32 and native_linear_preferred():
             return cls(pack_linear_weight(weight), bias, WeightLayout.NATIVE, out_features)
-        if _packing_available():
+        if _packing_available(weight.dtype):
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
             return cls(packed, bias, WeightLayout.ONEDNN, out_features)
         return cls(weight, bias, WeightLayout.PLAIN, out_features)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a pass over the weight reads (scales included, bias not)."""
+        scale_bytes = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.weight.numel() * self.weight.element_size() + scale_bytes
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8: ``weight ~= scales[:, None] * q``.
+
+    Args:
+        weight: [out_features, in_features], any float dtype.
+    Returns:
+        q [out_features, in_features] int8 in [-127, 127], and scales [out_features] fp32
+        (max |weight[o]| / 127; a zero row gets scale 1 and zeros).
+    """
+    w32 = weight.float()  # [out, in]
+    scales = w32.abs().amax(dim=1) / INT8_MAX  # [out]
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(w32 / scales[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # [out, in]
+    return q, scales
 
 
 def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     """``y = x @ weight.T + bias``.
 
     Semantics:
-        y[t, o] = sum_i x[t, i] * weight[o, i] + bias[o]
+        y[t, o] = sum_i x[t, i] * weight[o, i] + bias[o]     (weight[o] = scales[o] * q[o] for int8)
 
     Args:
-        x: [num_tokens, in_features], same dtype and device as the weight.
+        x: [num_tokens, in_features]: fp32 for NATIVE weights, else the weight's (or the model's) dtype.
         w: a weight prepared by :meth:`LinearWeight.prepare`.
     Returns:
-        [num_tokens, out_features].
+        [num_tokens, out_features] in x's dtype.
     """
     if w.layout is WeightLayout.NATIVE:
-        return linear_packed(x, w.weight, w.bias, w.out_features)
+        return linear_packed(x, w.weight, w.bias, w.out_features, w.scales)
     if w.layout is WeightLayout.ONEDNN:
         return torch.ops.mkldnn._linear_pointwise(x, w.weight, w.bias, "none", [], "")
+    if w.layout is WeightLayout.INT8:
+        y = torch.ops.aten._weight_int8pack_mm(x, w.weight, w.scales.to(x.dtype))  # [num_tokens, out]
+        return y if w.bias is None else y.add_(w.bias)
     return F.linear(x, w.weight, w.bias)
 
 
+def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.float()
+
+
 @functools.cache
-def _packing_available() -> bool:
+def _packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's packed linear runs here in ``dtype`` (bf16 needs a CPU oneDNN computes it on)."""
     if not torch.backends.mkldnn.is_available():
         return False
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
     try:
-        probe = torch.ones(4, 8)  # [out, in]
+        probe = torch.ones(4, 8, dtype=dtype)  # [out, in]
         packed = torch.ops.mkldnn._reorder_linear_weight(probe, 2)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8), packed, None, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=dtype), packed, None, "none", [], "")
     except (AttributeError, RuntimeError) as error:
-        logger.info("oneDNN packed linear unavailable (%s); using F.linear", error)
+        logger.info("oneDNN packed linear unavailable in %s (%s); using F.linear", dtype, error)
         return False
     return bool(torch.all(out == 8.0))

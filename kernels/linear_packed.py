@@ -6,7 +6,12 @@ from memory, 2-core Xeon) take 49.8 ms where oneDNN's packed GEMM takes 76.5 at 
 225 GFLOP/s), 34.1 against 49.2 at 32 rows, 22.3 against 32.0 at 8, 20.5 against 27.0 at one row; at
 256 rows the two are even (206 and 205 ms), and a whole 1,024-token prefill step takes 2-5 % longer
 (769-779 ms against 742-758, alternated in one run). On AVX2 it builds and passes the same tests (panels
-of 24 columns) but has not been measured against oneDNN there, so the engine keeps oneDNN on such CPUs.
+of 24 columns) but has not been measured against oneDNN there, so the engine keeps oneDNN on such CPUs
+for fp32 weights.
+
+Panels may hold bf16 or int8 weights (per-output-column scales beside them): each panel row is widened
+to fp32 in registers as it is loaded and the arithmetic is the fp32 tile's, so a decode step streams a
+half or a quarter of the bytes. On every x86 build (AVX-512, AVX2, or plain loops elsewhere).
 """
 
 import functools
@@ -19,11 +24,11 @@ PREFERRED_PANEL_WIDTH = 48  # the AVX-512 build's panels: the one measured faste
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out_features, in_features] packed for :func:`linear_packed`.
+    """``weight`` [out_features, in_features] (float32, bfloat16 or int8) packed for :func:`linear_packed`.
 
     Returns:
-        [num_panels, in_features, panel_width] with panel_width this build's (48 on AVX-512, 24 on
-        AVX2) and num_panels = ceil(out_features / panel_width); columns past out_features are zero.
+        [num_panels, in_features, panel_width] in ``weight``'s dtype, with panel_width this build's (48
+        on AVX-512, 24 on AVX2) and num_panels = ceil(out_features / panel_width); columns past out_features are zero.
 
     Semantics:
         packed[p, k, c] = weight[p * panel_width + c, k]
@@ -31,23 +36,31 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return require_native_ops().pack_linear_weight(weight)
 
 
-def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+def linear_packed(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+    scales: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x @ weight.T + bias`` on a weight packed by :func:`pack_linear_weight`.
 
     Args:
         x: [num_rows, in_features] float32 on the CPU, rows contiguous.
-        packed: the packed weight.
-        bias: [out_features] or None.
+        packed: the packed weight (float32, bfloat16 or int8 panels).
+        bias: [out_features] float32, or None.
         out_features: the weight's rows before packing.
+        scales: [out_features] float32 with int8 panels (and only then): weight[o] = scales[o] * q[o].
 
     Returns:
         [num_rows, out_features], a new tensor.
 
     Semantics:
         y[t, o] = bias[o] + sum_k x[t, k] * weight[o, k], summed in k order in fp32 (one FMA chain per
-        output), so a row's result does not depend on the other rows of the batch.
+        output), so a row's result does not depend on the other rows of the batch; with int8 panels
+        y[t, o] = bias[o] + scales[o] * sum_k x[t, k] * q[o, k].
     """
-    return require_native_ops().linear_packed(x, packed, bias, out_features)  # [num_rows, out_features]
+    return require_native_ops().linear_packed(x, packed, bias, out_features, scales)  # [num_rows, out_features]
 
 
 @functools.cache

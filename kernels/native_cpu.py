@@ -6,6 +6,9 @@ so a changed source, a new torch or another CPU gets its own build and an unchan
 milliseconds. On the 2-core EPYC development machine (g++ 12, ninja) the first build takes about 40 s
 of wall time (26 s of CPU: one translation unit per op, compiled in parallel).
 
+LORAPLEX_NATIVE_MARCH (e.g. ``haswell``) builds for another x86 target than this CPU's own, so the AVX2
+code paths can be built and tested on an AVX-512 machine.
+
 The library registers its ops as ``torch.ops.loraplex.*``. Without a C++ compiler, or when the build
 fails, :func:`native_ops` returns None and logs why, :func:`unavailable_reason` says it for error
 messages, and :func:`require_native_ops` (what the ops call) raises NativeKernelsUnavailableError.
@@ -31,6 +34,7 @@ CSRC = Path(__file__).with_name("csrc")
 # already loaded under the same soname); the host's own instruction set (AVX2 + FMA at least on x86).
 BASE_FLAGS = ("-O3", "-fopenmp")
 X86_FLAGS = ("-march=native",)
+MARCH_ENV = "LORAPLEX_NATIVE_MARCH"  # another -march target than this CPU's, for testing its code paths
 BUILD_SECONDS_HINT = 40  # what the log line promises; measured on the 2-core EPYC
 
 _LOCK = threading.Lock()  # one build per process even when two threads ask first
@@ -79,7 +83,7 @@ def _build_once() -> NativeBuild:
         logger.warning("native CPU kernels unavailable: %s", reason)
         return NativeBuild(None, reason)
     sources = sorted(CSRC.glob("*.cpp"))
-    flags = list(BASE_FLAGS) + (list(X86_FLAGS) if platform.machine() in ("x86_64", "AMD64") else [])
+    flags = list(BASE_FLAGS) + _x86_flags()
     name = f"loraplex_native_{_build_key(flags)}"
     started = time.perf_counter()
     try:
@@ -104,6 +108,13 @@ def _build_once() -> NativeBuild:
     return NativeBuild(torch.ops.loraplex, None)
 
 
+def _x86_flags() -> list[str]:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    march = os.environ.get(MARCH_ENV)
+    return [f"-march={march}"] if march else list(X86_FLAGS)
+
+
 def _build_key(flags: list[str]) -> str:
     digest = hashlib.sha256()
     for path in sorted(CSRC.iterdir()):
@@ -112,14 +123,14 @@ def _build_key(flags: list[str]) -> str:
             digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(" ".join(flags).encode())
-    digest.update(_cpu_flags().encode())
+    digest.update(cpu_flags().encode())
     # torch rebuilds a library whose sources moved (their paths are part of its build arguments): two
     # checkouts on one machine get a build each instead of rebuilding over each other's.
     digest.update(str(CSRC.resolve()).encode())
     return digest.hexdigest()[:16]
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The CPU's feature flags (what -march=native compiles for), or the machine name where unreadable."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -11,6 +11,12 @@ tokens per second the workload would reach if every FLOP it needs (prompt and de
 attention, the LM head for each generated token) ran at that rate.
 
     python scripts/bench_engine.py --json        # last line: one JSON object
+    python scripts/bench_engine.py --dtype bfloat16 --quantization int8 --skip-hf
+
+``--modes`` measures float32, bfloat16 and int8 weights (bfloat16 model dtype) side by side instead: one
+engine each, the workload run on each in turn for ``--rounds`` rounds (so a load that comes and goes
+falls on every mode alike), each mode's median reported, then ``bf16_vs_fp32`` and ``int8_vs_fp32``; with
+each mode's precision and its pool capacity (sequences of 1,024 tokens a GiB of pool holds).
 """
 
 import argparse
@@ -28,6 +34,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
+from engine.page_pool import page_bytes
 from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight, linear
 from kernels.native_cpu import native_ops
@@ -35,6 +42,13 @@ from kernels.native_cpu import native_ops
 logger = logging.getLogger("bench_engine")
 
 MATMUL_SHAPES = ((512, 576, 1536), (1024, 1024, 1024), (2048, 2048, 2048))  # (m, k, n) tried for the peak
+MODES = {  # name: (dtype, quantization)
+    "fp32": ("float32", None),
+    "bf16": ("bfloat16", None),
+    "int8": ("bfloat16", "int8"),
+}
+CAPACITY_TOKENS = 1024  # pool capacity is counted in sequences this long
+MODES_POOL_MIB = 1280  # each mode's engine: room for the default workload (64 requests) without preemption
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,7 @@ def workload_flops(cfg: ModelConfig, workload: Workload) -> float:
 
 
 def run_engine(engine: Engine, workload: Workload) -> tuple[float, list[float]]:
+    """Wall seconds of the workload and each request's time to first token."""
     start = time.perf_counter()
     ids = [
         engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
@@ -128,6 +143,63 @@ def run_hf(model, workload: Workload, max_batch: int, pad_id: int) -> float:
     return time.perf_counter() - start
 
 
+def sequences_per_gib(engine: Engine) -> int:
+    """Sequences of CAPACITY_TOKENS tokens a GiB of this engine's pool holds (K/V in its activation dtype)."""
+    cfg, block_size = engine.model_config, engine.pool.block_size
+    pages = -(-CAPACITY_TOKENS // block_size)
+    return 2**30 // (pages * page_bytes(cfg, block_size, engine.pool.storage.dtype))
+
+
+def run_modes(folder: str, args: argparse.Namespace) -> dict:
+    """Each mode's engine on the same workload, alternated for ``args.rounds`` rounds: medians and ratios."""
+    engines = {
+        name: Engine(
+            EngineConfig(
+                model=folder, dtype=dtype, quantization=quantization, pool_bytes=args.pool_mb * 2**20,
+                max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_batched_tokens,
+                num_threads=args.threads,
+            )
+        )
+        for name, (dtype, quantization) in MODES.items()
+    }
+    cfg = next(iter(engines.values())).model_config
+    workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
+    warmup = make_workload(4, cfg.vocab_size, args.seed + 1)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
+    for engine in engines.values():
+        run_engine(engine, warmup)
+    for round_index in range(args.rounds):
+        for name, engine in engines.items():
+            cpu_start = time.process_time()
+            seconds, _ = run_engine(engine, workload)
+            rates[name].append(workload.num_output_tokens / seconds)
+            cpu_rates[name].append(workload.num_output_tokens / (time.process_time() - cpu_start))
+            logger.info("round %d %s: %.1f tok/s, %.1f tok per CPU second", round_index, name, rates[name][-1],
+                        cpu_rates[name][-1])
+    result: dict = {"num_requests": args.num_requests, "max_batch": args.max_batch, "rounds": args.rounds,
+                    "num_output_tokens": workload.num_output_tokens}
+    for name, engine in engines.items():
+        result[f"{name}_tok_s"] = round(statistics.median(rates[name]), 1)
+        result[f"{name}_tok_s_rounds"] = [round(rate, 1) for rate in rates[name]]
+        result[f"{name}_tok_per_cpu_s"] = round(statistics.median(cpu_rates[name]), 1)
+        result[f"{name}_precision"] = engine.precision.reason
+        result[f"{name}_weight_mib"] = round(sum(w.weight_bytes for w in engine_weights(engine)) / 2**20, 1)
+        result[f"{name}_seqs_1k_per_gib"] = sequences_per_gib(engine)
+    for name in ("bf16", "int8"):
+        result[f"{name}_vs_fp32_cpu_time"] = round(result[f"{name}_tok_per_cpu_s"] / result["fp32_tok_per_cpu_s"], 3)
+    result["bf16_vs_fp32"] = round(result["bf16_tok_s"] / result["fp32_tok_s"], 3)
+    result["int8_vs_fp32"] = round(result["int8_tok_s"] / result["fp32_tok_s"], 3)
+    return result
+
+
+def engine_weights(engine: Engine) -> list[LinearWeight]:
+    """Every projection of the engine's model, the LM head included."""
+    weights = engine.model.weights
+    layers = [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return [*layers, weights.lm_head]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model folder (default: the data folder's default model)")
@@ -137,13 +209,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--quantization", default=None, choices=("int8",))
+    parser.add_argument("--modes", action="store_true", help="fp32, bf16 and int8 side by side (no transformers)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --modes: alternated rounds, medians reported")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--pool-mb", type=int, default=MODES_POOL_MIB, help="with --modes: each engine's pool, MiB")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
     settings = Settings.from_env()
     folder = args.model or str(resolve_model(settings.model, settings.home))
-    engine = Engine(EngineConfig(model=folder, max_num_seqs=args.max_batch,
-                                 max_num_batched_tokens=args.max_batched_tokens))
+    if args.modes:
+        write_result(run_modes(folder, args), args.json)
+        return 0
+    engine = Engine(EngineConfig(model=folder, max_num_seqs=args.max_batch, dtype=args.dtype,
+                                 quantization=args.quantization, max_num_batched_tokens=args.max_batched_tokens,
+                                 num_threads=args.threads))
     cfg = engine.model_config
     workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
     warmup = make_workload(4, cfg.vocab_size, args.seed + 1)
@@ -172,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         "fraction_of_ceiling": round(engine_tok_s / ceiling, 3),
         "engine_ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1),
         "engine_preemptions": stats.num_preemptions,
+        "precision": engine.precision.reason,
+        "seqs_1k_per_gib": sequences_per_gib(engine),
     }
     del engine
     if not args.skip_hf:
@@ -185,12 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         result["hf_tok_s"] = round(workload.num_output_tokens / hf_s, 1)
         result["speedup"] = round(engine_tok_s / result["hf_tok_s"], 2)
         logger.info("transformers: %.1f s, %.1f tok/s", hf_s, result["hf_tok_s"])
-    out = sys.stdout
-    if args.json:
-        out.write(json.dumps(result) + "\n")
-    else:
-        out.writelines(f"{key:>24}: {value}\n" for key, value in result.items())
+    write_result(result, args.json)
     return 0
+
+
+def write_result(result: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        sys.stdout.writelines(f"{key:>24}: {value}\n" for key, value in result.items())
 
 
 if __name__ == "__main__":

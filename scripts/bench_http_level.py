@@ -120,11 +120,17 @@ CaseRunner = Callable[[Target], dict[str, float]]
 
 
 def on_vllm(
-    python: Path, env: dict[str, str], model: Path, log_dir: Path, adapters: dict[str, Path] | None, run: CaseRunner
+    python: Path,
+    env: dict[str, str],
+    model: Path,
+    log_dir: Path,
+    adapters: dict[str, Path] | None,
+    run: CaseRunner,
+    dtype: str = "float32",
 ) -> dict[str, float]:
-    """``run``'s rates on a fresh vLLM server (LoRA on when ``adapters`` are given)."""
+    """``run``'s rates on a fresh vLLM server in ``dtype`` (LoRA on when ``adapters`` are given)."""
     server = VllmServer(
-        python, env, model, model.name, log_dir / f"vllm-server-lora{len(adapters or {})}.log", adapters
+        python, env, model, model.name, log_dir / f"vllm-server-lora{len(adapters or {})}.log", adapters, dtype=dtype
     )
     logger.info("starting vLLM's server (%s)", f"LoRA on, {len(adapters)} adapters" if adapters else "LoRA off")
     server.start()
@@ -135,10 +141,12 @@ def on_vllm(
 
 
 def on_loraplex(
-    model: Path, engine: str, scratch: Path, adapters: dict[str, Path], run: CaseRunner
+    model: Path, engine: str, scratch: Path, adapters: dict[str, Path], run: CaseRunner, dtype: str = "float32"
 ) -> dict[str, float]:
-    """``run``'s rates on a fresh ``loraplex serve`` with ``LORAPLEX_ENGINE=engine``, its tenant owning ``adapters``."""
-    return on_fresh_server(model, {"LORAPLEX_ENGINE": engine}, scratch, adapters, lambda target, _: run(target))
+    """``run``'s rates on a fresh ``loraplex serve`` with ``LORAPLEX_ENGINE=engine`` in ``dtype``, its tenant owning
+    ``adapters``."""
+    env = {"LORAPLEX_ENGINE": engine, "LORAPLEX_DTYPE": dtype}
+    return on_fresh_server(model, env, scratch, adapters, lambda target, _: run(target))
 
 
 def on_fresh_server(

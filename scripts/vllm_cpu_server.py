@@ -51,6 +51,7 @@ class VllmServer:
         log: Path,
         adapters: dict[str, Path] | None = None,
         max_lora_rank: int = 8,
+        dtype: str = "float32",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,7 +66,7 @@ class VllmServer:
             "--served-model-name",
             served_name,
             "--dtype",
-            "float32",
+            dtype,
             "--max-num-seqs",
             "64",
             "--seed",

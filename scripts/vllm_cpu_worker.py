@@ -37,7 +37,7 @@ def main() -> int:
         if args.lora
         else {}
     )
-    llm = LLM(model=args.model, dtype="float32", max_num_seqs=64, seed=0, **options)
+    llm = LLM(model=args.model, dtype=workload.get("dtype", "float32"), max_num_seqs=64, seed=0, **options)
     startup_s = time.perf_counter() - start
     requests = None
     if args.num_adapters:

@@ -4,9 +4,12 @@ The checks, in order:
 
 - the device the engine would use: CUDA's name and memory, or the CPU's model and cores;
 - the kernel backend the engine would choose there (``EngineConfig.kernel_backend``), and why;
+- the precision it would run (LORAPLEX_DTYPE, LORAPLEX_QUANTIZATION): dtypes, weight format, and why;
 - each op of a decoder layer run as the engine would run it against its torch implementation on small
   inputs (:mod:`kernels.op_checks`), once for the native CPU library and once for CUDA. The side the
   engine does not use here is one skipped line per op, with the reason;
+- on CPU, a projection on bf16 and on int8 weights as the engine would prepare them, against float32
+  weights, within the stated tolerance of the weights' rounding;
 - a short greedy generate with the configured model (LORAPLEX_MODEL), timed. The default model is never
   downloaded here: when it was not pulled yet the line says how to get it.
 
@@ -34,9 +37,10 @@ from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import ConfigError
+from engine.precision import dtype_name
 from kernels.backend import KernelBackend
 from kernels.native_cpu import unavailable_reason
-from kernels.op_checks import OPS, run_op_check
+from kernels.op_checks import OPS, WEIGHT_FORMAT_TOLERANCES, run_op_check, run_weight_format_check
 
 GENERATE_PROMPT = "The three primary colours are"
 GENERATE_TOKENS = 32
@@ -63,7 +67,9 @@ class CheckResult:
 def run_doctor(settings: Settings) -> list[CheckResult]:
     """Every check, in the order they are printed."""
     model, model_problem = find_model(settings)
-    config = EngineConfig(model=str(model or ""), pool_bytes=POOL_BYTES)
+    config = EngineConfig(
+        model=str(model or ""), pool_bytes=POOL_BYTES, dtype=settings.dtype, quantization=settings.quantization
+    )
     device = config.torch_device()
     dtype = config.torch_dtype(device)
     head_dim = ModelConfig.from_folder(model).head_dim if model else HEAD_DIM_WITHOUT_MODEL
@@ -71,7 +77,9 @@ def run_doctor(settings: Settings) -> list[CheckResult]:
     return [
         check_device(device),
         backend_check,
+        check_precision(config, device, backend),
         *check_native_ops(device, backend),
+        *check_weight_formats(device, backend),
         *check_cuda_ops(device, dtype, backend),
         model_problem or check_generate(config, model, device, dtype, backend),
     ]
@@ -138,13 +146,56 @@ def check_kernel_backend(
     if backend is KernelBackend.TRITON:
         why = f"on CUDA: the Triton kernels for paged attention and SGMV, torch for the other ops, in {dtype_name}"
     elif backend is KernelBackend.NATIVE:
-        why = "on CPU in float32, and the native C++ library builds here"
+        why = f"on CPU, model in {dtype_name}, and the native C++ library builds here"
     else:
         why = f"the native CPU kernels cannot run: {unavailable_reason() or f'{dtype_name}, head_dim {head_dim}'}"
     result = CheckResult(
         "kernel backend", Status.PASS, f"{backend.value} (kernels='auto' {why})", {"backend": backend.value}
     )
     return result, backend
+
+
+def check_precision(config: EngineConfig, device: torch.device, backend: KernelBackend | None) -> CheckResult:
+    """The dtypes and weight format the engine would run with, and why."""
+    if backend is None:
+        return CheckResult("precision", Status.SKIP, "no kernel backend could be chosen (see above)")
+    try:
+        precision = config.precision(device, backend)
+    except ConfigError as error:
+        return CheckResult("precision", Status.FAIL, str(error))
+    values = {
+        "dtype": dtype_name(precision.dtype),
+        "activation_dtype": dtype_name(precision.activation_dtype),
+        "weight_format": precision.weight_format,
+    }
+    return CheckResult("precision", Status.PASS, precision.reason, values)
+
+
+def check_weight_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
+    """A projection on bf16 and on int8 weights, as this CPU engine would run it, against float32 weights."""
+    formats = tuple(WEIGHT_FORMAT_TOLERANCES)
+    if device.type != "cpu" or backend is None:
+        reason = "the engine runs on CUDA: bf16 is its dtype there and int8 weights are CPU only"
+        return [CheckResult(f"weights {name}", Status.SKIP, reason) for name in formats]
+    activations = torch.float32 if backend is KernelBackend.NATIVE else torch.bfloat16
+    results = []
+    for name in formats:
+        label = f"weights {name}"
+        try:
+            check = run_weight_format_check(name, activations, backend)
+        except Exception as error:  # an op that raises here is a failed check, not a crash
+            results.append(CheckResult(label, Status.FAIL, f"{type(error).__name__}: {error}"))
+            continue
+        results.append(
+            CheckResult(
+                label,
+                Status.PASS if check.passed else Status.FAIL,
+                f"linear on {name} weights, {dtype_name(activations)} activations ({backend.value}): max error "
+                f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})",
+                {"max_error": check.max_error, "tolerance": check.tolerance},
+            )
+        )
+    return results
 
 
 def check_native_ops(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:

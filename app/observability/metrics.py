@@ -129,7 +129,14 @@ class WorkerGauges:
             (WORKER, MAX_LORA, WAITING_LORA_ADAPTERS, RUNNING_LORA_ADAPTERS),
             registry=registry,
         )
+        self.precision_info = Gauge(
+            "loraplex_precision_info",
+            "1, with the engine's precision in labels: model dtype, activation dtype, weight format, and why.",
+            (WORKER, "dtype", "activations", "weights", "reason"),
+            registry=registry,
+        )
         self._gauges = (
+            self.precision_info,
             self.queue_depth,
             self.running,
             self.pool_pages,
@@ -157,6 +164,9 @@ class WorkerGauges:
         self.vllm_waiting.labels(worker).set(stats.num_waiting)
         self.vllm_running.labels(worker).set(stats.num_running)
         self.vllm_kv_usage.labels(worker).set(kv_usage(stats))
+        self.precision_info.labels(
+            worker, stats.dtype, stats.activation_dtype, stats.weight_format, stats.precision_reason
+        ).set(1)
         self.vllm_lora_info.labels(
             worker,
             str(stats.max_adapters),

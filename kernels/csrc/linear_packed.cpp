@@ -17,13 +17,24 @@
 //
 // Each output is one fp32 FMA chain along k in order, whatever the number of rows: a row's result is the
 // same bits alone or in any batch.
+//
+// Panels hold fp32, bf16 or int8 weights (the engine's weight formats). A bf16 or int8 panel row is widened
+// to fp32 (a shift, or a sign extension and a convert) and the arithmetic is the fp32 tile's: the loads it
+// saves are what decode steps are bound by. One tile of rows widens in registers as it loads; more rows
+// widen the panel once into fp32 scratch that stays in L2 and share it (widening per tile cost 17-25 %
+// at 64-256 rows, where the tiles are bound by arithmetic). int8 panels carry one scale per output
+// column, applied once to the finished sums (y = scale * sum_k x * q + bias).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <c10/util/BFloat16.h>
+
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 #include <xmmintrin.h>
 
 #include "ops.h"
@@ -41,10 +52,44 @@ constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
 constexpr int64_t kRowsPerPass = 128;
 constexpr int kLineBytes = 64;
 
+// One panel row's kWideLanes weights from `p`, widened to fp32.
+inline FW load_weights(const float* p) { return loadw(p); }
+
+#if LORAPLEX_AVX512
+inline FW load_weights(const c10::BFloat16* p) {  // bf16 is fp32's high half: widen and shift
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))};
+}
+inline FW load_weights(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes))};
+}
+#elif LORAPLEX_AVX2
+inline FW load_weights(const c10::BFloat16* p) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16))};
+}
+inline FW load_weights(const int8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))};
+}
+#else
+template <typename W>
+inline FW load_weights(const W* p) {
+  alignas(32) float widened[kWideLanes];
+  for (int i = 0; i < kWideLanes; ++i) widened[i] = static_cast<float>(p[i]);
+  return loadw(widened);
+}
+#endif
+
+// A panel's weights of type W; P is the type of the packed panels the thread prefetches (W, or the packed
+// type of a panel widened into fp32 scratch).
+template <typename W, typename P = W>
 struct Panel {
-  const float* weights;   // [K, kPanelWidth]
+  const W* weights;       // [K, kPanelWidth]
   const float* bias;      // [kPanelWidth], zero past the real columns
-  const float* prefetch;  // the next panel this thread computes, or nullptr
+  const float* scales;    // [kPanelWidth] for int8 panels, else nullptr
+  const P* prefetch;      // the next panel this thread computes, or nullptr
   int64_t in_features;
   int64_t columns;  // real columns, <= kPanelWidth
 };
@@ -52,9 +97,10 @@ struct Panel {
 // Walks the next panel's cache lines into L2 spread evenly over this panel's k-steps (all its tiles):
 // a core keeps only so many misses in flight (its fill buffers), so a burst of prefetches in one tile
 // stalls the FMAs, where one line every few steps hides under them.
+template <typename W>
 class PrefetchCursor {
  public:
-  PrefetchCursor(const float* next, int64_t in_features, int64_t num_tiles)
+  PrefetchCursor(const W* next, int64_t in_features, int64_t num_tiles)
       : line_(reinterpret_cast<const char*>(next)),
         end_(next == nullptr ? line_ : line_ + in_features * kPanelBytes),
         bytes_per_line_(kLineBytes * num_tiles) {}
@@ -70,7 +116,7 @@ class PrefetchCursor {
   }
 
  private:
-  static constexpr int64_t kPanelBytes = kPanelWidth * sizeof(float);  // a panel row
+  static constexpr int64_t kPanelBytes = kPanelWidth * sizeof(W);  // a panel row
   const char* line_;
   const char* end_;
   int64_t bytes_per_line_;  // credit a line costs: the panel's k-steps are num_tiles times its rows
@@ -78,18 +124,19 @@ class PrefetchCursor {
 };
 
 // y[0:R, 0:columns] = x[0:R, :] @ panel + bias; x rows `x_stride` apart, y rows `y_stride` apart.
-template <int R>
-void tile(const float* x, int64_t x_stride, const Panel& panel, float* y, int64_t y_stride, PrefetchCursor& cursor) {
-  PrefetchCursor next = cursor;  // a local copy stays in registers through the loop
+template <int R, typename W, typename P>
+void tile(const float* x, int64_t x_stride, const Panel<W, P>& panel, float* y, int64_t y_stride,
+          PrefetchCursor<P>& cursor) {
+  PrefetchCursor<P> next = cursor;  // a local copy stays in registers through the loop
   FW acc[R][kPanelVectors];
   for (int j = 0; j < kPanelVectors; ++j) {
-    const FW b = loadw(panel.bias + j * kWideLanes);
+    const FW b = panel.scales == nullptr ? loadw(panel.bias + j * kWideLanes) : zerow();
     for (int i = 0; i < R; ++i) acc[i][j] = b;
   }
   for (int64_t k = 0; k < panel.in_features; ++k) {
-    const float* row = panel.weights + k * kPanelWidth;
+    const W* row = panel.weights + k * kPanelWidth;
     FW w[kPanelVectors];
-    for (int j = 0; j < kPanelVectors; ++j) w[j] = loadw(row + j * kWideLanes);
+    for (int j = 0; j < kPanelVectors; ++j) w[j] = load_weights(row + j * kWideLanes);
     next.step();
     for (int i = 0; i < R; ++i) {
       const FW a = splatw(x[i * x_stride + k]);
@@ -97,6 +144,12 @@ void tile(const float* x, int64_t x_stride, const Panel& panel, float* y, int64_
     }
   }
   cursor = next;
+  if (panel.scales != nullptr) {  // int8: the column's scale on the finished sum, then the bias
+    for (int j = 0; j < kPanelVectors; ++j) {
+      const FW scale = loadw(panel.scales + j * kWideLanes), bias = loadw(panel.bias + j * kWideLanes);
+      for (int i = 0; i < R; ++i) acc[i][j] = fmaw(acc[i][j], scale, bias);
+    }
+  }
   if (panel.columns == kPanelWidth) {
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < kPanelVectors; ++j) storew(y + i * y_stride + j * kWideLanes, acc[i][j]);
@@ -109,9 +162,9 @@ void tile(const float* x, int64_t x_stride, const Panel& panel, float* y, int64_
   }
 }
 
-template <int R>
-void tail_tile(int rows, const float* x, int64_t x_stride, const Panel& panel, float* y, int64_t y_stride,
-               PrefetchCursor& next) {
+template <int R, typename W, typename P>
+void tail_tile(int rows, const float* x, int64_t x_stride, const Panel<W, P>& panel, float* y, int64_t y_stride,
+               PrefetchCursor<P>& next) {
   if constexpr (R > 0) {
     if (rows == R) return tile<R>(x, x_stride, panel, y, y_stride, next);
     tail_tile<R - 1>(rows, x, x_stride, panel, y, y_stride, next);
@@ -119,8 +172,20 @@ void tail_tile(int rows, const float* x, int64_t x_stride, const Panel& panel, f
 }
 
 // Every row of the pass against one panel, prefetching the next panel meanwhile.
-void panel_rows(const float* x, int64_t x_stride, int64_t rows, const Panel& panel, float* y, int64_t y_stride) {
-  PrefetchCursor next(panel.prefetch, panel.in_features, (rows + kTileRows - 1) / kTileRows);
+template <typename W, typename P>
+void panel_rows(const float* x, int64_t x_stride, int64_t rows, const Panel<W, P>& panel, float* y, int64_t y_stride) {
+  if constexpr (!std::is_same_v<W, float>) {
+    if (rows > kTileRows) {  // several tiles: widen the panel once into fp32 scratch (L2) and share it
+      thread_local std::vector<float> scratch;
+      const int64_t elems = panel.in_features * kPanelWidth;
+      if (static_cast<int64_t>(scratch.size()) < elems) scratch.resize(elems);
+      for (int64_t i = 0; i < elems; i += kWideLanes) storew(scratch.data() + i, load_weights(panel.weights + i));
+      const Panel<float, P> wide{scratch.data(), panel.bias, panel.scales, panel.prefetch, panel.in_features,
+                                 panel.columns};
+      return panel_rows(x, x_stride, rows, wide, y, y_stride);
+    }
+  }
+  PrefetchCursor<P> next(panel.prefetch, panel.in_features, (rows + kTileRows - 1) / kTileRows);
   int64_t m = 0;
   for (; m + kTileRows <= rows; m += kTileRows) {
     tile<kTileRows>(x + m * x_stride, x_stride, panel, y + m * y_stride, y_stride, next);
@@ -131,37 +196,86 @@ void panel_rows(const float* x, int64_t x_stride, int64_t rows, const Panel& pan
   }
 }
 
+
+template <typename W>
+void pack_panels(const W* src, W* dst, int64_t out_features, int64_t in_features, int64_t panels) {
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t columns = std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth);
+      W* panel = dst + p * in_features * kPanelWidth;
+      for (int64_t c = 0; c < columns; ++c) {
+        const W* column = src + (p * kPanelWidth + c) * in_features;
+        for (int64_t k = 0; k < in_features; ++k) panel[k * kPanelWidth + c] = column[k];
+      }
+    }
+  });
+}
+
+// `values` [out_features] fp32 padded with zeros to whole panels, or an empty tensor when absent.
+at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t panels, const at::Tensor& like) {
+  if (!values.has_value()) return at::Tensor();
+  at::Tensor padded = at::zeros({panels * kPanelWidth}, like.options());
+  padded.narrow(0, 0, values->size(0)).copy_(*values);
+  return padded;
+}
+
+template <typename W>
+void run_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
+                const float* scales, at::Tensor& y, int64_t out_features) {
+  const int64_t rows = x.size(0), in_features = x.size(1), panels = packed.size(0);
+  const float* x_ptr = x.data_ptr<float>();
+  const W* w_ptr = packed.data_ptr<W>();
+  float* y_ptr = y.data_ptr<float>();
+  const int64_t x_stride = x.stride(0), panel_elems = in_features * kPanelWidth;
+  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
+    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const Panel<W> panel{w_ptr + p * panel_elems, bias + p * bias_step,
+                             scales != nullptr ? scales + p * kPanelWidth : nullptr,
+                             p + 1 < end ? w_ptr + (p + 1) * panel_elems : nullptr, in_features,
+                             std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+        panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
+                   out_features);
+      }
+    });
+  }
+}
+
+bool is_weight_format(at::ScalarType type) {
+  return type == at::kFloat || type == at::kBFloat16 || type == at::kChar;
+}
+
 }  // namespace
 
 int64_t linear_panel_width() { return kPanelWidth; }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
-                    "pack_linear_weight: weight must be a float32 CPU tensor [out_features, in_features]");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && is_weight_format(weight.scalar_type()) && weight.device().is_cpu(),
+                    "pack_linear_weight: weight must be a float32, bfloat16 or int8 CPU tensor "
+                    "[out_features, in_features]");
   const at::Tensor w = weight.contiguous();
   const int64_t out_features = w.size(0), in_features = w.size(1);
   const int64_t panels = (out_features + kPanelWidth - 1) / kPanelWidth;
   at::Tensor packed = at::zeros({panels, in_features, kPanelWidth}, w.options());  // zero past out_features
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t columns = std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth);
-      float* panel = dst + p * in_features * kPanelWidth;
-      for (int64_t c = 0; c < columns; ++c) {
-        const float* column = src + (p * kPanelWidth + c) * in_features;
-        for (int64_t k = 0; k < in_features; ++k) panel[k * kPanelWidth + c] = column[k];
-      }
-    }
-  });
+  switch (w.scalar_type()) {
+    case at::kBFloat16:
+      pack_panels(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), out_features, in_features, panels);
+      break;
+    case at::kChar:
+      pack_panels(w.data_ptr<int8_t>(), packed.data_ptr<int8_t>(), out_features, in_features, panels);
+      break;
+    default:
+      pack_panels(w.data_ptr<float>(), packed.data_ptr<float>(), out_features, in_features, panels);
+  }
   return packed;
 }
 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out_features) {
+                         int64_t out_features, const std::optional<at::Tensor>& scales) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
                     "linear_packed: x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
-  TORCH_CHECK_VALUE(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
+  TORCH_CHECK_VALUE(packed.dim() == 3 && is_weight_format(packed.scalar_type()) && packed.is_contiguous() &&
                         packed.size(2) == kPanelWidth,
                     "linear_packed: packed must come from pack_linear_weight of this build (panels of ",
                     kPanelWidth, " columns), got ", packed.sizes());
@@ -173,32 +287,30 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   TORCH_CHECK_VALUE(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features &&
                                            bias->scalar_type() == at::kFloat && bias->device().is_cpu()),
                     "linear_packed: bias must be a float32 CPU tensor [out_features]");
-  // The bias padded to whole panels, so every tile starts its accumulators from kPanelWidth values; without
-  // one, every panel starts from the same zeros.
+  const bool int8 = packed.scalar_type() == at::kChar;
+  TORCH_CHECK_VALUE(int8 == scales.has_value(), "linear_packed: scales are given with int8 panels and only then");
+  TORCH_CHECK_VALUE(!scales.has_value() || (scales->dim() == 1 && scales->size(0) == out_features &&
+                                             scales->scalar_type() == at::kFloat && scales->device().is_cpu()),
+                    "linear_packed: scales must be a float32 CPU tensor [out_features]");
+  // Bias and scales padded to whole panels, so every tile reads kPanelWidth values; without a bias, every
+  // panel reads the same zeros.
   alignas(64) static const float kNoBias[kPanelWidth] = {};
-  at::Tensor bias_panels;
-  if (bias.has_value()) {
-    bias_panels = at::zeros({panels * kPanelWidth}, x.options());
-    bias_panels.narrow(0, 0, out_features).copy_(*bias);
-  }
+  const at::Tensor bias_panels = pad_to_panels(bias, panels, x);
+  const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
-  const float* x_ptr = x.data_ptr<float>();
-  const float* w_ptr = packed.data_ptr<float>();
-  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : nullptr;
-  float* y_ptr = y.data_ptr<float>();
-  const int64_t x_stride = x.stride(0), panel_floats = in_features * kPanelWidth;
-  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
-    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const Panel panel{w_ptr + p * panel_floats, b_ptr != nullptr ? b_ptr + p * kPanelWidth : kNoBias,
-                          p + 1 < end ? w_ptr + (p + 1) * panel_floats : nullptr, in_features,
-                          std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-        panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
-                   out_features);
-      }
-    });
+  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : kNoBias;
+  const int64_t b_step = bias.has_value() ? kPanelWidth : 0;
+  const float* s_ptr = int8 ? scale_panels.data_ptr<float>() : nullptr;
+  switch (packed.scalar_type()) {
+    case at::kBFloat16:
+      run_panels<c10::BFloat16>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
+      break;
+    case at::kChar:
+      run_panels<int8_t>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
+      break;
+    default:
+      run_panels<float>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
   }
   return y;
 }

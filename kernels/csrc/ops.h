@@ -1,4 +1,4 @@
-// The native CPU ops, fp32. Each is defined in its own file and registered in registration.cpp as
+// The native CPU ops, fp32 (the projections' weights also bf16 or int8). Each is defined in its own file and registered in registration.cpp as
 // torch.ops.loraplex.<name>; the Python functions in kernels/ hold each op's Semantics docstring.
 #pragma once
 
@@ -34,12 +34,14 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
 // Columns of one weight panel in this build's packed layout (48 on AVX-512, 24 on AVX2).
 int64_t linear_panel_width();
 
-// weight [N, K] packed into panels of linear_panel_width() columns, k-major (kernels/linear_packed.py).
+// weight [N, K] (fp32, bf16 or int8) packed into panels of linear_panel_width() columns, k-major
+// (kernels/linear_packed.py).
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 
-// x @ weight^T + bias on a weight from pack_linear_weight (kernels/linear_packed.py).
+// x @ weight^T + bias on a weight from pack_linear_weight; int8 panels take per-column scales
+// (kernels/linear_packed.py).
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out_features);
+                         int64_t out_features, const std::optional<at::Tensor>& scales);
 
 // The index of each row's first maximum (a NaN wins), as torch.argmax(dim=-1) (kernels/argmax_rows.py).
 at::Tensor argmax_rows(const at::Tensor& logits);

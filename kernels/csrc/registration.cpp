@@ -22,5 +22,6 @@ TORCH_LIBRARY(loraplex, m) {
   m.def("argmax_rows(Tensor logits) -> Tensor", &loraplex::argmax_rows);
   m.def("linear_panel_width() -> int", &loraplex::linear_panel_width);
   m.def("pack_linear_weight(Tensor weight) -> Tensor", &loraplex::pack_linear_weight);
-  m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor", &loraplex::linear_packed);
+  m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
+        &loraplex::linear_packed);
 }

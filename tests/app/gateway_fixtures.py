@@ -34,7 +34,7 @@ on_both_engines = pytest.mark.parametrize("default_engine", ("thread", "process"
 
 def default_engine_config(home: Path) -> EngineConfig:
     folder = resolve_model("default", home)
-    return EngineConfig(model=str(folder), pool_bytes=TEST_POOL_BYTES, max_num_seqs=16)
+    return EngineConfig(model=str(folder), pool_bytes=TEST_POOL_BYTES, max_num_seqs=16, dtype="float32")
 
 
 def start_default_engine(home: Path) -> LocalEngineClient:
@@ -69,9 +69,7 @@ class TenantKey:
 
 
 @asynccontextmanager
-async def gateway_client(
-    settings: Settings, engine: EngineClient
-) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
+async def gateway_client(settings: Settings, engine: EngineClient) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
     """The app, its lifespan run on this event loop (where the test's own queries run too), and a client."""
     app = create_app(settings, engine=engine)
     async with (

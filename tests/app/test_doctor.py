@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from app.cli.main import cli
+from kernels import linear as linear_module
 from kernels import op_checks
 from kernels.backend import KernelBackend
 from kernels.native_cpu import native_ops, unavailable_reason
 from tests.engine.tiny_models import make_tiny_model
 
 OPS = ("paged_attention", "sgmv_fused", "add_rms_norm", "rope_kv_write", "silu_mul", "linear", "argmax_rows")
+WEIGHT_FORMATS = ("bfloat16", "int8")
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +73,14 @@ def test_cpu_path_report(tmp_path: Path, tiny_model: Path, native_builds: bool) 
     status, detail = rows["generate"]
     assert status == "ok" and detail.startswith("32 of 32 tokens in ") and " tokens/s (" in detail
     assert tiny_model.name in detail
-    num_ok = 2 + 1 + (len(OPS) if native_builds else 0)
-    assert result.stdout.splitlines()[-1] == f"{num_ok} passed, 0 failed, {3 + 2 * len(OPS) - num_ok} skipped"
+    status, detail = rows["precision"]
+    assert status == "ok" and "weights" in detail and "activations" in detail
+    for weight_format in WEIGHT_FORMATS:
+        status, detail = rows[f"weights {weight_format}"]
+        assert status == "ok" and "against float32 weights" in detail, detail
+    num_ok = 2 + 1 + 1 + len(WEIGHT_FORMATS) + (len(OPS) if native_builds else 0)
+    num_checks = 4 + 2 * len(OPS) + len(WEIGHT_FORMATS)
+    assert result.stdout.splitlines()[-1] == f"{num_ok} passed, 0 failed, {num_checks - num_ok} skipped"
 
 
 def test_json_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> None:
@@ -84,7 +92,9 @@ def test_json_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> N
     assert list(checks) == [
         "device",
         "kernel backend",
+        "precision",
         *(f"native {op}" for op in OPS),
+        *(f"weights {name}" for name in WEIGHT_FORMATS),
         *(f"cuda {op}" for op in OPS),
         "generate",
     ]
@@ -110,6 +120,25 @@ def test_an_op_that_disagrees_with_torch_fails(
     status, detail = lines_by_name(result.stdout)["native silu_mul"]
     assert status == "FAIL" and "tolerance 1e-04" in detail
     assert lines_by_name(result.stdout)["native add_rms_norm"][0] == "ok"
+
+
+def test_precision_follows_the_settings_and_a_wrong_int8_projection_fails(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quantize = linear_module.quantize_int8  # the doctor's check prepares weights as the engine does
+    monkeypatch.setattr(linear_module, "quantize_int8", lambda w: (quantize(w)[0], quantize(w)[1] * 1.1))
+    env = {
+        "LORAPLEX_HOME": str(tmp_path / "home"),
+        "LORAPLEX_MODEL": str(tiny_model),
+        "LORAPLEX_DTYPE": "float32",
+        "LORAPLEX_QUANTIZATION": "int8",
+    }
+    result = click.testing.CliRunner().invoke(cli, ["doctor", "--json"], env=env, catch_exceptions=False)
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["precision"]["weight_format"] == "int8" and checks["precision"]["dtype"] == "float32"
+    assert "dtype=float32 was asked for: int8 weights" in checks["precision"]["detail"]
+    assert checks["weights int8"]["status"] == "fail" and checks["weights bfloat16"]["status"] == "pass"
+    assert result.exit_code == 1
 
 
 def test_a_missing_model_folder_fails_and_a_default_never_pulled_is_skipped(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ def kernels(request: pytest.FixtureRequest) -> str:
 
 def make_engine(folder: Path, **overrides) -> Engine:
     overrides.setdefault("pool_bytes", 8 * 1024**2)
+    overrides.setdefault("dtype", "float32")  # parity with transformers' fp32 forward
     return Engine(EngineConfig(model=str(folder), **overrides))
 
 

@@ -50,4 +50,5 @@ def record_engine_threads(monkeypatch: pytest.MonkeyPatch) -> EngineThreads:
 def default_model_config() -> EngineConfig:
     """The real default model (pulled by `make test`) with a small pool."""
     settings = Settings.from_env()
-    return EngineConfig(model=str(resolve_model(settings.model, settings.home)), pool_bytes=SMALL_POOL_BYTES)
+    folder = resolve_model(settings.model, settings.home)
+    return EngineConfig(model=str(folder), pool_bytes=SMALL_POOL_BYTES, dtype="float32")

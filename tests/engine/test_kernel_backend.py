@@ -51,9 +51,10 @@ def test_auto_without_a_compiler_falls_back_to_torch_and_serves(
 
 
 def test_native_refuses_other_dtypes_and_bad_values_are_refused(tiny_llama: Path) -> None:
-    config = EngineConfig(model=str(tiny_llama), kernels="native", dtype="bfloat16")
-    with pytest.raises(ConfigError, match="float32 only"):
-        config.kernel_backend(torch.device("cpu"), torch.bfloat16, 64)
+    config = EngineConfig(model=str(tiny_llama), kernels="native", dtype="float16")
+    with pytest.raises(ConfigError, match="float32 or bfloat16 models only"):
+        config.kernel_backend(torch.device("cpu"), torch.float16, 64)
+    assert config.kernel_backend(torch.device("cpu"), torch.bfloat16, 64) is KernelBackend.NATIVE
     with pytest.raises(ConfigError, match="multiple of 8"):
         config.kernel_backend(torch.device("cpu"), torch.float32, 20)
     with pytest.raises(ConfigError, match="CPU only"):

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import KernelBackend
-from kernels.linear import LinearWeight, WeightLayout, linear
+from kernels.linear import LinearWeight, WeightLayout, linear, quantize_int8
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
-from kernels.native_cpu import _cpu_flags
+from kernels.native_cpu import cpu_flags
 
 TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 summation order only
 
@@ -104,9 +104,80 @@ def test_linear_weight_takes_the_native_panels_where_preferred(native, seed: int
     native_weight = LinearWeight.prepare(weight, bias, KernelBackend.NATIVE)
     torch_weight = LinearWeight.prepare(weight, bias, KernelBackend.TORCH)
     if platform.machine() in ("x86_64", "AMD64"):  # built with -march=native: the wide panels iff AVX-512
-        assert native_linear_preferred() == ("avx512f" in _cpu_flags().split())
+        assert native_linear_preferred() == ("avx512f" in cpu_flags().split())
     expected_layout = WeightLayout.NATIVE if native_linear_preferred() else WeightLayout.ONEDNN
     assert native_weight.layout is expected_layout
     assert torch_weight.layout is not WeightLayout.NATIVE
     for prepared in (native_weight, torch_weight):
         assert_close(linear(x, prepared), F.linear(x, weight, bias), seed)
+
+
+@pytest.mark.parametrize("rows", [1, 9, 129])
+@pytest.mark.parametrize(("in_features", "out_features"), [(576, 960), (37, 50)])
+@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
+def test_bf16_and_int8_panels_match_f_linear_on_their_weights(
+    native, rows: int, in_features: int, out_features: int, weight_format: str, seed: int
+):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen)  # [rows, in]
+    weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
+    bias = torch.randn(out_features, generator=gen)  # [out]
+    if weight_format == "int8":
+        q, scales = quantize_int8(weight)  # [out, in] int8, [out]
+        packed, exact = pack_linear_weight(q), q.float() * scales[:, None]  # the weight the panels hold
+    else:
+        scales, packed, exact = None, pack_linear_weight(weight.bfloat16()), weight.bfloat16().float()
+    assert packed.dtype == (torch.int8 if weight_format == "int8" else torch.bfloat16)
+    actual = linear_packed(x, packed, bias, out_features, scales)  # [rows, out]
+    assert_close(actual, F.linear(x, exact, bias), seed)
+
+
+def test_int8_quantization_is_symmetric_per_row_and_close():
+    weight = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [3.0, 1.5, -0.75]])  # [3, 3], a zero row
+    q, scales = quantize_int8(weight)
+    assert q.dtype == torch.int8 and q.abs().max() == 127
+    assert torch.equal(q[1], torch.zeros(3, dtype=torch.int8))
+    assert torch.allclose(scales, torch.tensor([1.0 / 127, 1.0, 3.0 / 127]))
+    assert (q.float() * scales[:, None] - weight).abs().max() <= scales.max() / 2
+
+
+def test_int8_panels_refuse_missing_or_stray_scales(native):
+    q, scales = quantize_int8(torch.randn(100, 64))
+    packed_int8, packed_fp32 = pack_linear_weight(q), pack_linear_weight(torch.randn(100, 64))
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="scales"):
+        linear_packed(x, packed_int8, None, 100)
+    with pytest.raises(ValueError, match="scales"):
+        linear_packed(x, packed_fp32, None, 100, scales)
+    with pytest.raises(ValueError, match="scales"):
+        linear_packed(x, packed_int8, None, 100, scales[:99])
+
+
+@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
+def test_linear_weight_takes_native_panels_for_bf16_and_int8_on_any_build(native, weight_format: str, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(200, 96, generator=gen) / 10, torch.randn(200, generator=gen)  # [out, in], [out]
+    x = torch.randn(33, 96, generator=gen)
+    quantization = "int8" if weight_format == "int8" else None
+    prepared = LinearWeight.prepare(weight.bfloat16(), bias.bfloat16(), KernelBackend.NATIVE, quantization)
+    assert prepared.layout is WeightLayout.NATIVE
+    assert prepared.weight.dtype == (torch.int8 if quantization else torch.bfloat16)
+    scale_bytes = 200 * 4 if quantization else 0
+    assert prepared.weight_bytes == prepared.weight.numel() * (1 if quantization else 2) + scale_bytes
+    error = ((linear(x, prepared) - F.linear(x, weight, bias)).abs() / (1 + F.linear(x, weight, bias).abs())).max()
+    assert error <= 3e-2, f"seed={seed}"  # the weights' rounding to bf16 or int8
+
+
+@pytest.mark.parametrize("activation_dtype", [torch.float32, torch.bfloat16])
+def test_torch_int8_weights_take_activations_in_the_model_dtype(activation_dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(200, 96, generator=gen) / 10, torch.randn(200, generator=gen)
+    x = torch.randn(5, 96, generator=gen)
+    prepared = LinearWeight.prepare(weight.to(activation_dtype), bias.to(activation_dtype), KernelBackend.TORCH, "int8")
+    assert prepared.layout is WeightLayout.INT8
+    out = linear(x.to(activation_dtype), prepared)  # [5, 200]
+    assert out.dtype == activation_dtype
+    q, scales = prepared.weight, prepared.scales
+    expected = F.linear(x, q.float() * scales[:, None], bias)
+    tolerance = 1e-4 if activation_dtype == torch.float32 else 3e-2
+    assert ((out.float() - expected).abs() / (1 + expected.abs())).max() <= tolerance, f"seed={seed}"

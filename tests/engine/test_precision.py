@@ -1,0 +1,106 @@
+"""The ``dtype`` and ``quantization`` settings: what auto picks, what each mode stores and computes in on each
+backend, the reason the engine reports, and that every mode serves the tiny model close to float32."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.settings import Settings, SettingsError
+from engine import EngineConfig, SamplingParams
+from engine import precision as precision_module
+from engine.errors import ConfigError
+from engine.precision import requested_dtype
+from kernels import native_cpu
+from kernels.backend import KernelBackend
+from kernels.linear import WeightLayout
+from tests.engine.conftest import make_engine
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]
+LOGPROB_TOLERANCE = 0.25  # |logprob - fp32's| on the tiny random model; the real bounds: bench_quality
+
+
+@pytest.fixture
+def native_built() -> None:
+    if native_cpu.native_ops() is None:
+        pytest.skip(f"native CPU kernels unavailable here: {native_cpu.unavailable_reason()}")
+
+
+@pytest.mark.parametrize(("has_bf16", "expected"), [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_picks_bf16_only_where_the_cpu_computes_it(
+    monkeypatch: pytest.MonkeyPatch, has_bf16: bool, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(precision_module, "cpu_computes_bf16", lambda: has_bf16)
+    dtype, why = requested_dtype("auto", torch.device("cpu"))
+    assert dtype is expected
+    assert ("natively" in why) is has_bf16
+    assert requested_dtype("auto", torch.device("cuda"))[0] is torch.bfloat16
+    assert requested_dtype("float32", torch.device("cpu"))[0] is torch.float32
+
+
+def test_cpu_flags_decide_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    precision_module.cpu_computes_bf16.cache_clear()
+    try:
+        monkeypatch.setattr(precision_module, "cpu_flags", lambda: "avx2 fma avx512f avx512_bf16")
+        assert precision_module.cpu_computes_bf16()
+        precision_module.cpu_computes_bf16.cache_clear()
+        monkeypatch.setattr(precision_module, "cpu_flags", lambda: "avx2 fma avx512f avx512_vnni")
+        assert not precision_module.cpu_computes_bf16()
+    finally:
+        precision_module.cpu_computes_bf16.cache_clear()
+
+
+def test_bad_values_are_refused_with_what_to_set() -> None:
+    with pytest.raises(ConfigError, match="quantization must be unset or one of int8"):
+        EngineConfig(model="x", quantization="int4")
+    with pytest.raises(ConfigError, match="CPU only"):
+        EngineConfig(model="x", quantization="int8").precision(torch.device("cuda"), KernelBackend.TRITON)
+    with pytest.raises(SettingsError, match="LORAPLEX_DTYPE"):
+        Settings.from_env({"LORAPLEX_DTYPE": "fp8"})
+    with pytest.raises(SettingsError, match="LORAPLEX_QUANTIZATION"):
+        Settings.from_env({"LORAPLEX_QUANTIZATION": "int4"})
+    settings = Settings.from_env({"LORAPLEX_DTYPE": "bfloat16", "LORAPLEX_QUANTIZATION": "int8"})
+    assert (settings.dtype, settings.quantization) == ("bfloat16", "int8")
+    assert (Settings.from_env({}).dtype, Settings.from_env({}).quantization) == ("auto", None)
+
+
+def prompt_logprobs(engine) -> list[float]:
+    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+    return [p.logprob for output in engine.generate(PROMPTS, params) for p in output.prompt_logprobs[1:]]
+
+
+@pytest.mark.parametrize(
+    ("kernels", "dtype", "quantization", "activations", "weights", "layout"),
+    [
+        ("native", "bfloat16", None, torch.float32, torch.bfloat16, WeightLayout.NATIVE),
+        ("native", "float32", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
+        ("native", "bfloat16", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
+        ("torch", "bfloat16", None, torch.bfloat16, None, None),
+        ("torch", "bfloat16", "int8", torch.bfloat16, torch.int8, WeightLayout.INT8),
+    ],
+)
+def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
+    tiny_llama: Path,
+    kernels: str,
+    dtype: str,
+    quantization: str | None,
+    activations: torch.dtype,
+    weights: torch.dtype | None,
+    layout: WeightLayout | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    if kernels == "native":
+        request.getfixturevalue("native_built")
+    reference = prompt_logprobs(make_engine(tiny_llama, kernels=kernels))
+    engine = make_engine(tiny_llama, kernels=kernels, dtype=dtype, quantization=quantization)
+    assert engine.pool.storage.dtype == activations  # K/V and adapters
+    assert engine.model.weights.embed.dtype == activations
+    qkv = engine.model.weights.layers[0].qkv
+    if weights is not None:
+        assert (qkv.weight.dtype, qkv.layout) == (weights, layout)
+    stats = engine.stats()
+    assert stats.weight_format == (quantization or dtype)
+    assert stats.activation_dtype == str(activations).removeprefix("torch.")
+    assert f"{quantization or dtype} weights" in stats.precision_reason
+    got = prompt_logprobs(engine)
+    assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= LOGPROB_TOLERANCE
