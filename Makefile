@@ -17,6 +17,7 @@ serve: $(STAMP)
 	$(VENV)/bin/loraplex serve
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check app engine kernels scripts tests
 	$(VENV)/bin/loraplex models pull
 	$(PY) -m pytest -q
 

@@ -33,6 +33,7 @@ from app.adapters.resolver import ModelResolver
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_clients.interface import EngineClient
+from app.retry import Backoff
 from engine.errors import AdapterError
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ CHANNEL = "loraplex_adapters"
 DELETED = "deleted"
 HEALTH_CHECK_S = 5.0  # a connection that died silently (no FIN from a vanished host) is noticed within this
 HEALTH_CHECK_TIMEOUT_S = 2.0
-MIN_BACKOFF_S = 0.1  # reconnecting: first wait, doubled after every failure up to MAX_BACKOFF_S
+MIN_BACKOFF_S = 0.1  # reconnecting: the first wait's ceiling, doubled per failure up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 
@@ -101,16 +102,16 @@ class AdapterAnnouncements:
     # The connection ----------------------------------------------------------------------------------
 
     async def _listen(self) -> None:
-        backoff = self.min_backoff_s
+        backoff = Backoff(self.min_backoff_s, MAX_BACKOFF_S)
         while True:
             try:
                 connection = await self.database.connect_driver()
             except Exception as error:  # any failure to connect is retried: the listener must outlive outages
-                logger.warning("adapter announcements: cannot connect (%s); retrying in %.1f s", error, backoff)
+                logger.warning("adapter announcements: cannot connect (%s); retrying", error)
             else:
                 try:
                     await self._serve(connection)
-                    backoff = self.min_backoff_s  # it was up; the next drop starts over
+                    backoff.reset()  # it was up; the next drop starts over
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
                     logger.warning("adapter announcements: connection lost (%s); reconnecting", error)
                 except Exception:
@@ -119,8 +120,7 @@ class AdapterAnnouncements:
                     self.backend_pid = None
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(connection.close(), CLOSE_TIMEOUT_S)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            await backoff.wait()
 
     async def _serve(self, connection: asyncpg.Connection) -> None:
         """Listen on ``connection`` until it drops; the catch-up is queued after LISTEN, so nothing falls between."""
