@@ -95,8 +95,9 @@ def test_the_sequence_limit_is_the_engines_token_budget() -> None:
     assert budget == MAX_NUM_SEQS_LIMIT
 
 
-def test_the_server_refuses_to_start_on_an_adapter_size_postgres_cannot_store(tmp_path: Path) -> None:
+def test_the_command_line_refuses_an_adapter_size_postgres_cannot_store(tmp_path: Path) -> None:
+    """Every command (``serve`` too) reads the settings first; ``db url`` does nothing else that could hang."""
     env = {"LORAPLEX_HOME": str(tmp_path), "LORAPLEX_MAX_ADAPTER_MB": "2048"}
-    result = click.testing.CliRunner().invoke(cli, ["serve"], env=env)
+    result = click.testing.CliRunner().invoke(cli, ["db", "url"], env=env)
     assert result.exit_code != 0
     assert "LORAPLEX_MAX_ADAPTER_MB must be 1 to 1023 (adapter files are stored as PostgreSQL bytea" in result.output
