@@ -22,6 +22,7 @@ chromium:
 		{ echo "make: the console's browser tests need Chromium: install the chromium package (as root: apt-get install -y chromium)" >&2; exit 1; }
 
 test: $(STAMP) chromium
+	$(VENV)/bin/ruff check app engine kernels scripts tests docs/hooks
 	$(VENV)/bin/loraplex models pull
 	$(PY) -m pytest -q
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -123,7 +124,14 @@ async def run_gateway(
         resolver = ModelResolver(database, engine, settings.home)
         adapters = AdapterService(database, engine, resolver, settings)
         stack.push_async_callback(adapters.close)
-        announcements = AdapterAnnouncements(database, engine, resolver, adapters.retire, adapters.unload_here)
+
+        def forget_tenant(tenant_id: uuid.UUID) -> None:
+            authenticator.forget_tenant(tenant_id)
+            resolver.forget_tenant(tenant_id)
+
+        announcements = AdapterAnnouncements(
+            database, engine, resolver, adapters.retire, adapters.unload_here, forget_tenant
+        )
         await announcements.start()
         stack.push_async_callback(announcements.stop)
         demo = None

@@ -29,6 +29,38 @@ FAIL_OPEN_FIRST = ("open", "closed")
 FAIL_CLOSED_FIRST = ("closed", "open")
 # How much the log says; the first is the default. "info" keeps other libraries' INFO lines out of it.
 LOG_LEVELS = ("info", "debug", "warning", "error")
+# The engine's token budget per step (EngineConfig.max_num_batched_tokens): every running sequence decodes
+# one token a step, so no more sequences than this can run at once.
+MAX_NUM_SEQS_LIMIT = 512
+# An adapter file is one PostgreSQL bytea value, and PostgreSQL caps a value at 1 GB: uploads stay below.
+MAX_ADAPTER_MB_LIMIT = 1023
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The values a whole-number setting accepts, ``least`` to ``most`` (None: no upper bound), and why."""
+
+    least: int = 1
+    most: int | None = None
+    why: str = ""
+
+
+# Every whole-number setting and its range, checked when the settings are read (so at start).
+INT_RANGES: dict[str, Range] = {
+    "LORAPLEX_RAY_REPLICAS": Range(),
+    "LORAPLEX_POOL_MB": Range(),
+    "LORAPLEX_MAX_NUM_SEQS": Range(
+        1, MAX_NUM_SEQS_LIMIT, f"the engine decodes at most {MAX_NUM_SEQS_LIMIT} tokens a step, one per sequence"
+    ),
+    "LORAPLEX_MAX_ADAPTER_RANK": Range(),
+    "LORAPLEX_MAX_ADAPTER_MB": Range(
+        1, MAX_ADAPTER_MB_LIMIT, "adapter files are stored as PostgreSQL bytea values, which hold 1 GB at most"
+    ),
+    "LORAPLEX_MAX_REQUEST_KB": Range(),
+    "LORAPLEX_SHUTDOWN_GRACE_S": Range(),
+    "LORAPLEX_MAX_N": Range(),
+    "LORAPLEX_MAX_PROMPTS": Range(),
+}
 
 
 class SettingsError(ValueError):
@@ -65,7 +97,7 @@ class Settings:
     """The Ray cluster of ``engine="ray"`` (LORAPLEX_RAY_ADDRESS); None starts a single-node Ray here."""
 
     ray_replicas: int = 1
-    """Engine replicas on Ray (LORAPLEX_RAY_REPLICAS): one per GPU, or per group of CPU cores."""
+    """Engine replicas on Ray (LORAPLEX_RAY_REPLICAS, at least 1): one per GPU, or per group of CPU cores."""
 
     ray_replica_cpus: float | None = None
     """CPUs Ray reserves for each engine replica (LORAPLEX_RAY_REPLICA_CPUS; 0 reserves none); None: this
@@ -78,7 +110,7 @@ class Settings:
     """Bytes of the engine's page pool (LORAPLEX_POOL_MB, in MiB); None: the engine's default."""
 
     max_num_seqs: int = 64
-    """Most sequences the engine runs at once (LORAPLEX_MAX_NUM_SEQS)."""
+    """Most sequences the engine runs at once (LORAPLEX_MAX_NUM_SEQS, 1 to 512)."""
 
     dtype: str = "auto"
     """The model's precision (LORAPLEX_DTYPE): "auto", "float32", "bfloat16" or "float16" (docs/precision.md)."""
@@ -96,7 +128,7 @@ class Settings:
     """Highest LoRA rank an uploaded adapter may have (LORAPLEX_MAX_ADAPTER_RANK)."""
 
     max_adapter_bytes: int = 512 * 1024**2
-    """Largest adapter upload accepted, all files together (LORAPLEX_MAX_ADAPTER_MB, in MiB)."""
+    """Largest adapter upload accepted, all files together (LORAPLEX_MAX_ADAPTER_MB, in MiB, 1 to 1023)."""
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_KB * 1024
     """Largest body of any request but an adapter upload, 413 past it (LORAPLEX_MAX_REQUEST_KB, in KiB)."""
@@ -135,7 +167,7 @@ class Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
         env = os.environ if environ is None else environ
         home = env.get("LORAPLEX_HOME") or platformdirs.user_data_dir(APP_NAME)
-        pool_mb = _int(env, "LORAPLEX_POOL_MB")
+        pool_mb = _int(env, "LORAPLEX_POOL_MB", None)
         return cls(
             home=Path(home).expanduser(),
             model=env.get("LORAPLEX_MODEL") or DEFAULT_MODEL_SPEC,
@@ -145,23 +177,23 @@ class Settings:
             served_model_name=env.get("LORAPLEX_SERVED_MODEL_NAME") or None,
             engine=_choice(env, "LORAPLEX_ENGINE", ENGINE_KINDS),
             ray_address=env.get("LORAPLEX_RAY_ADDRESS") or None,
-            ray_replicas=_int(env, "LORAPLEX_RAY_REPLICAS") or 1,
+            ray_replicas=_int(env, "LORAPLEX_RAY_REPLICAS", 1),
             ray_replica_cpus=_amount(env, "LORAPLEX_RAY_REPLICA_CPUS", None),
             ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
-            max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
+            max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS", 64),
             dtype=_choice(env, "LORAPLEX_DTYPE", DTYPES),
             quantization=_choice(env, "LORAPLEX_QUANTIZATION", QUANTIZATION_CHOICES)
             if env.get("LORAPLEX_QUANTIZATION")
             else None,
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
-            max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK") or 256,
-            max_adapter_bytes=(_int(env, "LORAPLEX_MAX_ADAPTER_MB") or 512) * 1024**2,
-            max_request_bytes=(_int(env, "LORAPLEX_MAX_REQUEST_KB") or DEFAULT_MAX_REQUEST_KB) * 1024,
-            shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S") or 30,
-            max_n=_int(env, "LORAPLEX_MAX_N") or DEFAULT_MAX_N,
-            max_prompts=_int(env, "LORAPLEX_MAX_PROMPTS") or DEFAULT_MAX_PROMPTS,
+            max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK", 256),
+            max_adapter_bytes=_int(env, "LORAPLEX_MAX_ADAPTER_MB", 512) * 1024**2,
+            max_request_bytes=_int(env, "LORAPLEX_MAX_REQUEST_KB", DEFAULT_MAX_REQUEST_KB) * 1024,
+            shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S", 30),
+            max_n=_int(env, "LORAPLEX_MAX_N", DEFAULT_MAX_N),
+            max_prompts=_int(env, "LORAPLEX_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
             console=_flag(env, "LORAPLEX_CONSOLE", default=True),
             redis_url=env.get("LORAPLEX_REDIS_URL") or None,
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
@@ -191,16 +223,20 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """A whole number within ``INT_RANGES[name]``; ``default`` when unset."""
     value = env.get(name)
     if not value:
-        return None
+        return default
     try:
         number = int(value)
     except ValueError:
         raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise SettingsError(f"{name} must be at least 1, got {number}")
+    allowed = INT_RANGES[name]
+    if number < allowed.least or (allowed.most is not None and number > allowed.most):
+        bounds = f"at least {allowed.least}" if allowed.most is None else f"{allowed.least} to {allowed.most}"
+        why = f" ({allowed.why})" if allowed.why else ""
+        raise SettingsError(f"{name} must be {bounds}{why}, got {number}")
     return number
 
 

@@ -1,29 +1,27 @@
-"""The engine for an asyncio server: submit a request, iterate its deltas, abort it.
+"""The engine for an asyncio server: submit a request, iterate its outputs, abort it.
 
-The step loop runs on its own thread, so the event loop never waits on a forward pass; given the engine's
-config, that thread builds the engine first (``engine/engine_build.py`` says why). Requests and aborts
-reach the loop through a thread-safe inbox that it drains before every step; outputs go back to each
-request's asyncio queue with ``call_soon_threadsafe``.
+The step loop (``engine/step_loop.py``) runs on its own thread, so the event loop never waits on a forward
+pass; given the engine's config, that thread builds the engine first (``engine/engine_build.py`` says why).
+Requests and aborts reach the loop through its inbox; outputs go back to each request's
+:class:`OutputQueue` on the caller's event loop.
 """
 
 import asyncio
 import contextlib
 import logging
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.engine_build import EngineBuild
-from engine.errors import EngineDeadError, EngineError, RequestFailedError
+from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
+from engine.output_queue import OutputQueue
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.step_loop import StepLoop
 
 if TYPE_CHECKING:
     import xgrammar
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-IDLE_WAIT_S = 0.05  # how long the idle loop sleeps between looks at the inbox when woken for nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +38,8 @@ class _Submit:
     params: SamplingParams
     adapter: str | None
     tenant: str | None
-    sink: "_Sink"
+    weight: float | None
+    sink: OutputQueue
     grammar: "xgrammar.CompiledGrammar | None"
 
 
@@ -51,37 +48,7 @@ class _Abort:
     request_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class _AbortAll:
-    """End every request now; each stream gets its final output (finish reason "abort")."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """Run ``fn(engine)`` on the step thread between two steps; its result lands in ``future``."""
-
-    fn: Callable[[Engine], Any]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-
-class _Sink:
-    """Where one request's outputs (or its error) land, on the event loop's side."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> bool:
-        """Hand ``item`` to the waiting coroutine; False when its event loop is gone (nobody will read it)."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: its server stopped without aborting this request
-            return False
-        return True
-
-
-class AsyncEngine:
+class AsyncEngine(StepLoop):
     """Drives an :class:`Engine` from a background thread for asyncio callers.
 
     Given an :class:`EngineConfig`, the step thread builds the engine, then steps it: the fast way on the
@@ -91,35 +58,9 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine | EngineConfig) -> None:
         """``engine``: the config the step thread builds the engine from (see :meth:`start`), or an engine built."""
-        self._build = EngineBuild(engine)
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | _AbortAll | _Call | None] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._sinks: dict[str, _Sink] = {}
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        super().__init__(engine)
+        self._sinks: dict[str, OutputQueue] = {}
         self._ids = 0
-
-    @property
-    def engine(self) -> Engine:
-        """The engine; one built from a config exists once the future of :meth:`start` is done."""
-        return self._build.engine
-
-    def start(self) -> "Future[None]":
-        """Start the step thread, which first builds the engine when given a config; the future of that build.
-
-        The future is done once the engine exists (at once for an engine built already). When the build
-        fails, it holds what ``Engine(config)`` raised (a ConfigError, ...), the step thread has ended and
-        later calls raise EngineDeadError. From a coroutine: ``await asyncio.wrap_future(engine.start())``.
-        """
-        if self._thread is None and not self._build.failed:
-            self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
-            self._thread.start()
-        return self._build.future
-
-    def request_stop(self) -> None:
-        """Ask the step loop to abort what is in flight and end (once built, if it is building); does not wait."""
-        self._inbox.put(None)
-        self._wake.set()
 
     async def stop(self) -> None:
         """Abort what is in flight and join the step thread."""
@@ -136,16 +77,18 @@ class AsyncEngine:
         request_id: str | None = None,
         adapter: str | None = None,
         tenant: str | None = None,
+        weight: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request (on behalf of ``tenant``, see :meth:`Engine.add_request`) and yield its outputs.
 
-        A request of ``n`` choices yields each choice's outputs (``output.index``) until ``request_finished``.
+        ``weight``, when given, is ``tenant``'s weight (see :meth:`Engine.set_tenant_weight`), applied
+        before the request is admitted when it changed. A request of ``n`` choices yields each choice's
+        outputs (``output.index``) until ``request_finished``.
 
         Leaving the loop early (a client that went away) aborts the request and frees its pages. A
-        request the engine failed on (see :meth:`Engine.step`) raises RequestFailedError; others go on.
+        request the engine failed on (see :meth:`Engine.step`) raises RequestFailedError; others go on; a
+        step loop that died or stopped raises EngineDeadError.
         """
-        if self._error is not None:
-            raise EngineDeadError(f"the engine stopped after an error: {self._error}")
         if self._thread is None:
             raise EngineError("the engine is not started; call start() first")
         await self._built_engine()
@@ -153,49 +96,24 @@ class AsyncEngine:
             self._ids += 1
             request_id = f"async-{self._ids}"
         grammar = None if params.constraint is None else await self.compile_grammar(params.constraint)
-        sink = _Sink(asyncio.get_running_loop())
-        self._inbox.put(_Submit(request_id, prompt, params, adapter, tenant, sink, grammar))
-        self._wake.set()
-        finished = False
+        sink = OutputQueue(asyncio.get_running_loop())
+        self._put(_Submit(request_id, prompt, params, adapter, tenant, weight, sink, grammar))
         try:
-            while True:
-                item = await sink.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.request_finished
-                if item.error is not None:
-                    raise RequestFailedError(f"the engine failed while running request {request_id}: {item.error}")
-                yield item
-                if finished:
-                    return
+            async for output in sink.outputs(request_id):
+                yield output
         finally:
-            if not finished:
+            if not sink.finished:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
-        self._wake.set()
-
-    def abort_all(self) -> None:
-        """End every request in flight before the next step; their streams end with finish reason "abort".
-
-        For a server whose shutdown grace period runs out: its streams end cleanly instead of being cut.
-        """
-        self._inbox.put(_AbortAll())
-        self._wake.set()
+        self._put(_Abort(request_id))
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
         if self._thread is None:
             return fn(self.engine)
         await self._built_engine()
-        if self._error is not None:
-            raise EngineDeadError(f"the engine stopped after an error: {self._error}")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._inbox.put(_Call(fn, future, loop))
-        self._wake.set()
-        return await future
+        return await asyncio.wrap_future(self._queue_call(fn))
 
     async def compile_grammar(self, constraint: GrammarConstraint) -> "xgrammar.CompiledGrammar":
         """Compile ``constraint`` in a worker thread (a cache hit if compiled before); GrammarError if invalid."""
@@ -213,7 +131,7 @@ class AsyncEngine:
 
     async def set_tenant_weight(self, tenant: str, weight: float) -> None:
         """See :meth:`Engine.set_tenant_weight`; applied between two steps."""
-        await self.call(lambda engine: engine.set_tenant_weight(tenant, weight))
+        await self.call(lambda _: self._apply_weight(tenant, weight))
 
     async def _built_engine(self) -> Engine:
         """The engine, once the step thread has built it; EngineDeadError if it could not be built."""
@@ -224,82 +142,47 @@ class AsyncEngine:
             with contextlib.suppress(Exception):  # the build's error: raised below as the engine's death
                 await asyncio.wrap_future(future)
         if self._build.failed:
-            raise EngineDeadError(f"the engine could not be built: {self._error}")
+            raise EngineDeadError(f"the engine could not be built: {future.exception()}")
         return self._build.engine
 
-    def _loop(self) -> None:
-        if not self._build.run(on_failure=self._mark_dead):
+    # The step loop's side -------------------------------------------------------------------------
+
+    def _handle(self, command: Any) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort_request(command.request_id)
+            self._sinks.pop(command.request_id, None)
             return
         try:
-            while self._drain_inbox():
-                if not self.engine.has_unfinished_requests():
-                    self._wake.wait(IDLE_WAIT_S)
-                    self._wake.clear()
-                    continue
-                for output in self.engine.step():
-                    sink = self._sinks.get(output.request_id)
-                    if output.request_finished:
-                        self._sinks.pop(output.request_id, None)
-                    if sink is not None and not sink.put(output) and not output.request_finished:
-                        self.engine.abort_request(output.request_id)
-                        self._sinks.pop(output.request_id, None)
-        except BaseException as error:  # the loop must tell every waiter, whatever went wrong
-            logger.exception("engine step loop died")
-            self._error = error
-            dead = EngineDeadError(f"the engine stopped after an error: {error}")
-            for sink in self._sinks.values():
-                sink.put(dead)
-            self._sinks.clear()
-
-    def _mark_dead(self, error: BaseException) -> None:
-        self._error = error
-
-    def _drain_inbox(self) -> bool:
-        """Apply queued submissions and aborts; False once stop() was asked for."""
-        while True:
-            try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                return True
-            if command is None or isinstance(command, _AbortAll):
-                for request_id, sink in self._sinks.items():
-                    for output in self.engine.abort_request(request_id):
-                        sink.put(output)
-                self._sinks.clear()
-                if command is None:
-                    return False
-                continue
-            if isinstance(command, _Abort):
-                self.engine.abort_request(command.request_id)
-                self._sinks.pop(command.request_id, None)
-                continue
-            if isinstance(command, _Call):
-                _run_call(self.engine, command)
-                continue
-            try:
-                self.engine.add_request(
-                    command.prompt, command.params, command.request_id, command.adapter, command.tenant, command.grammar
-                )
-            except EngineError as error:
-                command.sink.put(error)
-                continue
-            self._sinks[command.request_id] = command.sink
-
-
-def _run_call(engine: Engine, call: _Call) -> None:
-    """Run a queued call and hand its result or exception to the waiting coroutine."""
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if call.future.cancelled():
+            self._apply_weight(command.tenant, command.weight)
+            self.engine.add_request(
+                command.prompt, command.params, command.request_id, command.adapter, command.tenant, command.grammar
+            )
+        except EngineError as error:
+            command.sink.put(error)
             return
-        if error is not None:
-            call.future.set_exception(error)
-        else:
-            call.future.set_result(result)
+        self._sinks[command.request_id] = command.sink
 
-    try:
-        result = call.fn(engine)
-    except Exception as error:  # the caller gets the error; the step loop goes on
-        call.loop.call_soon_threadsafe(settle, None, error)
-        return
-    call.loop.call_soon_threadsafe(settle, result, None)
+    def _abort_everything(self) -> None:
+        for request_id, sink in self._sinks.items():
+            for output in self.engine.abort_request(request_id):
+                sink.put(output)
+        self._sinks.clear()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if output.request_finished:
+                self._sinks.pop(output.request_id, None)
+            if sink is not None and not sink.put(output) and not output.request_finished:
+                self.engine.abort_request(output.request_id)  # its event loop is gone: nobody will read it
+                self._sinks.pop(output.request_id, None)
+
+    def _refuse(self, command: Any, error: EngineDeadError) -> None:
+        if isinstance(command, _Submit):
+            command.sink.put(error)
+
+    def _on_death(self, error: BaseException) -> None:
+        dead = self._dead_error(error)
+        for sink in self._sinks.values():
+            sink.put(dead)
+        self._sinks.clear()

@@ -215,7 +215,7 @@ class Engine:
         """
         if not (math.isfinite(weight) and weight > 0):
             raise ConfigError(f"a tenant's weight must be a positive number, got {weight!r} for {tenant!r}")
-        self.scheduler.waiting.set_weight(tenant, weight)
+        self.scheduler.admission.set_weight(tenant, weight)
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is still waiting or running (drive ``step()`` until this is False)."""
@@ -352,7 +352,7 @@ class Engine:
             outputs = self.step()
             if not outputs and not self.scheduler.running:
                 raise PoolExhaustedError(
-                    f"{len(self.scheduler.waiting)} request(s) cannot be admitted: their KV and adapters do not "
+                    f"{len(self.scheduler.admission)} request(s) cannot be admitted: their KV and adapters do not "
                     "fit next to the pinned adapters; unpin adapters or give the engine more memory"
                 )
             for output in outputs:
@@ -369,7 +369,7 @@ class Engine:
             page_bytes=pool.page_bytes,
             pages_by_owner=pool.pages_by_owner,
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_waiting=len(self.scheduler.admission),
             num_resident_adapters=self.adapters.num_resident,
             num_registered_adapters=len(self.adapters.names()),
             num_preemptions=self._totals["preemptions"],
@@ -379,9 +379,9 @@ class Engine:
             num_prefill_tokens=self._totals["prefill"],
             num_kv_blocks_allocated=self.kv.num_blocks_allocated,
             scheduling_policy=self.config.scheduling_policy,
-            tenant_counters=self.scheduler.waiting.counters(),
+            tenant_counters=self.scheduler.admission.counters(),
             running_adapters=_adapter_names(self.scheduler.running),
-            waiting_adapters=_adapter_names(self.scheduler.waiting),
+            waiting_adapters=_adapter_names(self.scheduler.admission),
             max_adapters=self.adapters.capacity(),
             dtype=dtype_name(self.precision.dtype),
             activation_dtype=dtype_name(self.precision.activation_dtype),

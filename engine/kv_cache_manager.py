@@ -64,9 +64,6 @@ class KVCacheManager:
         seq.num_computed_tokens = len(seq.block_ids) * self.block_size
         return seq.num_computed_tokens
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.pool.can_allocate(self._num_missing_blocks(seq, num_new_tokens) + self._is_shared_tail(seq))
-
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next ``num_new_tokens`` tokens of ``seq``; False if the pool is short.
 

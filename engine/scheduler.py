@@ -25,10 +25,6 @@ class SchedulerOutput:
     preempted_ids: tuple[str, ...]
     num_batched_tokens: int
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
 
 class Scheduler:
     """One idea: every step has a token budget, shared by decode tokens and prefill chunks.
@@ -60,15 +56,16 @@ class Scheduler:
         self.adapters = adapters
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting = queue
+        self.admission = queue
+        """The admission policy: the waiting sequences, in the order the queue admits them (FIFO or fair)."""
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.push(seq)
+        self.admission.push(seq)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.admission) + len(self.running)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
@@ -80,7 +77,7 @@ class Scheduler:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate_slots(seq, num_new):
-                victim = self.waiting.page_victim(self.running[index:])
+                victim = self.admission.page_victim(self.running[index:])
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is seq:
@@ -96,14 +93,14 @@ class Scheduler:
 
     def _preempt_for_fairness(self) -> list[Sequence]:
         victims = []
-        while (victim := self.waiting.fairness_victim(self.running, self.max_num_seqs)) is not None:
+        while (victim := self.admission.fairness_victim(self.running, self.max_num_seqs)) is not None:
             self._preempt(victim)
             victims.append(victim)
         return victims
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq], held_back: frozenset[str]) -> int:
         num_slots = sum(_num_slots(seq) for seq in self.running)
-        for seq in self.waiting.candidates(held_back):
+        for seq in self.admission.candidates(held_back):
             if not budget or num_slots + _num_slots(seq) > self.max_num_seqs:
                 break  # a request of n choices waits for n slots, so it is never starved by smaller ones
             if seq.adapter is not None and not seq.holds_adapter:
@@ -120,7 +117,7 @@ class Scheduler:
                 break
             if is_first_admission:
                 seq.num_cached_tokens = num_cached
-            self.waiting.admit(seq)
+            self.admission.admit(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             num_slots += _num_slots(seq)
@@ -132,14 +129,14 @@ class Scheduler:
         """Run ``children`` (choices forked from ``parent``, sharing its blocks) right after it, each on its own."""
         position = self.running.index(parent) + 1
         for child in children:
-            self.waiting.push(child)
-            self.waiting.admit(child)
+            self.admission.push(child)
+            self.admission.admit(child)
             if child.adapter is not None:
                 child.holds_adapter = self.adapters.acquire(child.adapter)  # resident: its parent holds it
                 if not child.holds_adapter:
                     raise AssertionError(f"adapter of {child.request_id} not resident while its parent runs")
             child.status = SequenceStatus.RUNNING
-            self.waiting.charge(child, 0, 1)
+            self.admission.charge(child, 0, 1)
         self.running[position:position] = children
 
     def _serve(self, scheduled: list[ScheduledSeq], seq: Sequence, num_new: int) -> None:
@@ -149,7 +146,7 @@ class Scheduler:
         prompt_end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
         num_prompt = max(0, prompt_end - max(seq.num_computed_tokens, seq.num_prompt_tokens_charged))
         seq.num_prompt_tokens_charged = max(seq.num_prompt_tokens_charged, prompt_end)
-        self.waiting.charge(seq, num_prompt, int(item.samples))
+        self.admission.charge(seq, num_prompt, int(item.samples))
 
     def _release_adapter(self, seq: Sequence) -> None:
         if seq.holds_adapter:
@@ -163,7 +160,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting.push_front(seq)
+        self.admission.push_front(seq)
 
     def update(self, output: SchedulerOutput) -> None:
         """Advance the computed counts of the step's sequences and register their full blocks."""
@@ -173,7 +170,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Take a sequence out (done or aborted) and free its pages."""
-        self.waiting.finish(seq)
+        self.admission.finish(seq)
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         self.kv.free(seq)

@@ -90,10 +90,6 @@ class Sequence:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_token_ids) :]
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
     def append_token(self, token_id: int) -> str:
         """Add a generated token, decide whether the sequence is done, and return the new text."""
         if self.first_token_time is None:

@@ -1,7 +1,7 @@
 """An engine driven by commands from elsewhere: a socket today (``engine/worker_process.py``), a Ray replica later.
 
-:class:`EngineWorker` runs an :class:`Engine`'s step loop on a thread of its own (which builds the engine when
-given its config: ``engine/engine_build.py`` says why). It takes the commands of
+:class:`EngineWorker` runs an :class:`Engine`'s step loop (``engine/step_loop.py``) on a thread of its own, which
+builds the engine when given its config (``engine/engine_build.py`` says why). It takes the commands of
 ``engine/worker_protocol.py`` through thread-safe methods (or :meth:`EngineWorker.handle`, a command as it
 arrived) and does not care where they come from: each step's outputs leave through the ``emit`` callback,
 as ONE :class:`StepOutputs` with every output of that step, and a call's result is a
@@ -11,21 +11,18 @@ is admitted once its grammar is compiled (a cache hit when the client checked th
 """
 
 import logging
-import queue
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.engine_build import EngineBuild
 from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_delta import DeltaEncoder
 from engine.outputs import EngineStats, RequestOutput
+from engine.step_loop import Call, StepLoop
 from engine.worker_protocol import (
     Abort,
     AbortAll,
@@ -53,24 +50,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-IDLE_WAIT_S = 0.05  # how long the idle loop sleeps between looks at the inbox when woken for nothing
 NUM_HELPER_THREADS = 2  # grammar compiles and adapter checks: each mostly waits on C++ code or the disk
-DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """Run ``fn(engine)`` on the step thread between two steps; its result or error lands in ``future``."""
-
-    fn: Callable[[Engine], Any]
-    future: Future
-
-
-_Stop = None  # the inbox's last item: abort what runs, then end the loop
-_Inbox = Submit | Abort | AbortAll | AbortRequests | _Call | None
-
-
-class EngineWorker:
+class EngineWorker(StepLoop):
     """An :class:`Engine` and its step thread, commanded through thread-safe methods.
 
     Given an :class:`EngineConfig`, the step loop's thread builds the engine before its first step (the
@@ -87,40 +70,18 @@ class EngineWorker:
     ) -> None:
         """``engine``: the config the step loop builds the engine from, or an engine built already.
 
-        ``emit`` is called on the step thread; ``on_death`` once, if the step loop dies (every call then
-        fails). A build that fails is not a death: the future of :meth:`start` holds its error.
+        ``emit`` is called on the step thread (and, for a request refused because the loop has ended, on
+        the thread that submitted it); ``on_death`` once, if the step loop dies (every call then fails). A
+        build that fails is not a death: the future of :meth:`start` holds its error.
         """
-        self._build = EngineBuild(engine)
+        super().__init__(engine)
         self._emit = emit
-        self._on_death = on_death
-        self._inbox: queue.SimpleQueue[_Inbox] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._on_death_callback = on_death
         self._helpers = ThreadPoolExecutor(NUM_HELPER_THREADS, thread_name_prefix="loraplex-worker-helper")
         self._deltas = DeltaEncoder()
         self._live: set[str] = set()  # requests in the engine whose outputs are wanted
         self._compiling: dict[str, tuple[Submit, Future]] = {}  # requests waiting for their grammar
         self._rejected: list[Rejected] = []
-        self._weights: dict[str, float] = {}
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._error_lock = threading.Lock()  # the step loop's death and a new command cannot cross
-
-    @property
-    def engine(self) -> Engine:
-        """The engine; one built from a config exists once the future of :meth:`start` is done."""
-        return self._build.engine
-
-    def start(self) -> "Future[None]":
-        """Run the step loop on a thread of its own, which first builds the engine when given a config.
-
-        For a process that does other work on its main thread. The future is done once the engine exists
-        (at once for an engine built already); when the build fails, it holds what ``Engine(config)``
-        raised, the step thread has ended and every later call fails with EngineDeadError.
-        """
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="loraplex-engine", daemon=True)
-            self._thread.start()
-        return self._build.future
 
     def run(self) -> None:
         """Run the step loop on the calling thread (building the engine first, given a config) until a stop.
@@ -131,15 +92,11 @@ class EngineWorker:
         self._loop()
         self._helpers.shutdown(wait=False, cancel_futures=True)
 
-    def request_stop(self) -> None:
-        """Ask the step loop to end every running request (their last outputs are emitted) and return."""
-        self._put(_Stop)
-
     def stop(self) -> None:
         """End every running request (their last outputs are emitted) and join the step thread."""
         if self._thread is None:
             return
-        self._put(_Stop)
+        self.request_stop()
         self._thread.join()
         self._thread = None
         self._helpers.shutdown(wait=False, cancel_futures=True)
@@ -166,7 +123,7 @@ class EngineWorker:
             case GetStats():
                 return self.stats()
             case SetTenantWeight(tenant=tenant, weight=weight):
-                return self.call(lambda _: self._set_weight(tenant, weight))
+                return self.call(lambda _: self._apply_weight(tenant, weight))
             case CheckConstraint(constraint=constraint):
                 return self.check_constraint(constraint)
         raise TypeError(f"not a worker command: {command!r}")
@@ -177,14 +134,9 @@ class EngineWorker:
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
 
-    def abort_all(self) -> None:
-        self._put(AbortAll())
-
     def call(self, fn: Callable[[Engine], T]) -> "Future[T]":
         """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""
-        future: Future[T] = Future()
-        self._put(_Call(fn, future))
-        return future
+        return self._queue_call(fn)
 
     def stats(self) -> "Future[EngineStats]":
         return self.call(lambda engine: engine.stats())
@@ -198,7 +150,7 @@ class EngineWorker:
                 registered.set_exception(validated.exception())
                 return
             adapter = validated.result()
-            self._put(_Call(lambda engine: engine.add_adapter(name, path, adapter), registered))
+            self._put(Call(lambda engine: engine.add_adapter(name, path, adapter), registered))
 
         self._helpers.submit(lambda: self._built_engine().validate_adapter(path)).add_done_callback(register)
         return registered
@@ -222,95 +174,43 @@ class EngineWorker:
 
         return self._helpers.submit(compile_only)
 
-    # The step loop --------------------------------------------------------------------------------
-
-    def _put(self, item: _Inbox) -> None:
-        with self._error_lock:
-            if self._error is None:
-                self._inbox.put(item)
-                self._wake.set()
-                return
-        if isinstance(item, _Call):
-            item.future.set_exception(self._dead_error())
-
-    def _dead_error(self) -> EngineDeadError:
-        return EngineDeadError(f"the engine stopped after an error: {self._error}")
-
     def _built_engine(self) -> Engine:
         """The engine, once built (a helper thread waits for the step thread); the build's error if that failed."""
         self._build.future.result()
         return self.engine
 
-    def _loop(self) -> None:
-        if not self._build.run(on_failure=self._build_failed):
-            return
-        try:
-            while self._drain_inbox():
-                self._admit_compiled()
-                if self._rejected:  # a refusal goes out now, not after the next step
-                    self._send([])
-                if not self.engine.has_unfinished_requests():
-                    self._wake.wait(IDLE_WAIT_S)
-                    self._wake.clear()
-                    continue
-                self._send(self.engine.step())
-        except BaseException as error:  # every waiter must hear of it, whatever went wrong
-            logger.exception("engine step loop died")
-            self._die(error)
+    # The step loop's side -------------------------------------------------------------------------
 
-    def _build_failed(self, error: BaseException) -> None:
-        """No engine: the calls queued and every later one fail (helpers waiting for the build get its error).
+    def _handle(self, command: Any) -> None:
+        match command:
+            case AbortRequests(request_ids=request_ids):
+                live = [request_id for request_id in request_ids if request_id in self._live]
+                self._send([output for request_id in live for output in self._abort(request_id)])
+            case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
+                self._abort(request_id)
+                self._live.discard(request_id)
+                self._deltas.forget(request_id)
+            case Submit():
+                self._accept(command)
 
-        Not a death (``on_death`` is not called): the future of :meth:`start` holds the error.
-        """
-        with self._error_lock:
-            self._error = error
-        self._fail_calls()
+    def _abort_everything(self) -> None:
+        self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
 
-    def _die(self, error: BaseException) -> None:
-        with self._error_lock:
-            self._error = error
-        self._fail_calls()
-        if self._on_death is not None:
-            self._on_death(error)
+    def _between_steps(self) -> None:
+        self._admit_compiled()
+        if self._rejected:  # a refusal goes out now, not after the next step
+            self._send([])
 
-    def _fail_calls(self) -> None:
-        """Fail the calls still in the inbox (the step loop is gone: nobody else will answer them)."""
-        dead = self._dead_error()
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, _Call):
-                item.future.set_exception(dead)
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        self._send(outputs)
 
-    def _drain_inbox(self) -> bool:
-        """Apply what arrived since the last look; False once asked to stop."""
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return True
-            match item:
-                case None | AbortAll():
-                    self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
-                    if item is None:
-                        return False
-                case AbortRequests(request_ids=request_ids):
-                    live = [request_id for request_id in request_ids if request_id in self._live]
-                    self._send([output for request_id in live for output in self._abort(request_id)])
-                case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
-                    self._abort(request_id)
-                    self._live.discard(request_id)
-                    self._deltas.forget(request_id)
-                case _Call(fn=fn, future=future):
-                    try:
-                        future.set_result(fn(self.engine))
-                    except Exception as error:  # the caller gets the error; the step loop goes on
-                        future.set_exception(error)
-                case Submit():
-                    self._accept(item)
+    def _refuse(self, command: Any, error: EngineDeadError) -> None:
+        if isinstance(command, Submit):
+            self._emit(StepOutputs([], [Rejected(command.request_id, to_wire(error))]))
+
+    def _on_death(self, error: BaseException) -> None:
+        if self._on_death_callback is not None:
+            self._on_death_callback(error)
 
     def _abort(self, request_id: str) -> list[RequestOutput]:
         """Stop a request (running, waiting or still compiling its grammar); its last outputs."""
@@ -338,8 +238,7 @@ class EngineWorker:
 
     def _add(self, request: Submit, grammar: "xgrammar.CompiledGrammar | None") -> None:
         try:
-            if request.tenant is not None and self._weights.get(request.tenant, DEFAULT_WEIGHT) != request.weight:
-                self._set_weight(request.tenant, request.weight)  # rare: only when a tenant's weight changes
+            self._apply_weight(request.tenant, request.weight)
             self.engine.add_request(
                 request.prompt_ids, request.params, request.request_id, request.adapter, request.tenant, grammar
             )
@@ -347,10 +246,6 @@ class EngineWorker:
             self._reject(request, error)
             return
         self._live.add(request.request_id)
-
-    def _set_weight(self, tenant: str, weight: float) -> None:
-        self.engine.set_tenant_weight(tenant, weight)
-        self._weights[tenant] = weight
 
     def _reject(self, request: Submit, error: BaseException) -> None:
         self._rejected.append(Rejected(request.request_id, to_wire(error)))

@@ -56,7 +56,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from percentiles import percentile
 from raw_http import RawConnectionPool, encode_request
 
 logger = logging.getLogger("bench_gateway")
@@ -187,10 +187,10 @@ class PhaseResult:
     client_cpu_s: float
     """CPU time this process (the load generator) spent during the phase."""
 
-    def percentile_ms(self, q: int) -> float:
-        if len(self.latencies_s) < 2:
-            return float("nan")
-        return statistics.quantiles(self.latencies_s, n=100, method="inclusive")[q - 1] * 1000.0
+    def percentile_ms(self, percent: float) -> float:
+        """The percentile (``percentiles.py``) of the latencies, in ms; NaN for none."""
+        value = percentile(self.latencies_s, percent)
+        return float("nan") if value is None else value * 1000.0
 
     @property
     def achieved_rps(self) -> float:

@@ -37,6 +37,7 @@ import httpx
 from bench_http_level import Target, completion_tokens, on_fresh_server, run_case
 from bench_lora import write_synthetic_adapter
 from load_server import LocalServer
+from percentiles import percentile
 from prometheus_client.parser import text_string_to_metric_families
 from raw_http import RawConnectionPool, encode_request
 
@@ -60,11 +61,6 @@ def zipf_choices(num_items: int, num_draws: int, seed: int) -> list[int]:
     """``num_draws`` item indexes, item i drawn with weight 1 / (i + 1) ** ZIPF_S."""
     weights = [1.0 / (rank + 1) ** ZIPF_S for rank in range(num_items)]
     return random.Random(seed).choices(range(num_items), weights=weights, k=num_draws)
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def _completion(target: Target, model: str, max_tokens: int, stream: bool) -> bytes:
@@ -149,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in (0, THROUGHPUT_ADAPTERS):
             case_prompts = [[p + k, p + 1, p + 2, *range(100, 164)] for p in prompts]
             rates[k] = run_case(target, case_prompts, k, THROUGHPUT_TOKENS)
-        return {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99), "base": rates[0], "k8": rates[8]}
+        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "base": rates[0], "k8": rates[8]}
 
     servers = {
         "local": {"LORAPLEX_ENGINE": "local"},

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from load_server import cpu_s, rss_mb
+from percentiles import percentile
 from sse_client import StreamResult
 
 MAX_ERROR_SAMPLES = 5  # distinct error messages quoted in the summary; error_kinds counts them all
@@ -77,12 +77,9 @@ class MemoryWatch:
 
 
 def percentile_ms(values: list[float], percent: float) -> float | None:
-    """Nearest-rank percentile of ``values`` (seconds), in ms; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(len(ordered) * percent / 100))
-    return round(ordered[rank - 1] * 1e3, 1)
+    """The percentile (``percentiles.py``) of ``values`` (seconds), in ms to 0.1; None for no values."""
+    value = percentile(values, percent)
+    return None if value is None else round(value * 1e3, 1)
 
 
 def summarize(

@@ -1,15 +1,19 @@
-"""Admin changes to adapters, announced to every gateway replica through PostgreSQL ``LISTEN/NOTIFY``.
+"""Admin changes to adapters and tenant deletions, announced to every gateway replica through ``LISTEN/NOTIFY``.
 
 A delete, unload, pin or unpin sends ``NOTIFY loraplex_adapters, '{"op": ..., "adapter_id": ..., "digest":
 ...}'`` in the transaction that makes the change, so PostgreSQL delivers it on commit and never for a
 change that rolled back. Each replica keeps one connection of its own listening, and applies what it
 hears in order: delete retires the adapter and removes it from the engine (the same removal a local
 delete uses, waiting for running requests), unload removes it from the engine, pin and unpin set the
-engine's pin. Applying is idempotent, because the announcing replica hears its own announcements too.
+engine's pin. Deleting a tenant sends ``{"op": "delete_tenant", "tenant_id": ...}`` and a delete of each of
+its adapters, in the same transaction: every replica drops what it has cached about the tenant's keys and
+models, so its next request with one of those keys reads the revocation, and retires the adapters. Applying
+is idempotent, because the announcing replica hears its own announcements too.
 
 Notifications sent while a replica is not listening (restart, dropped connection) are lost, so every
 (re)connection catches up from the tables: every adapter this engine holds is re-read; a deleted one is
-removed, a live one pinned or unpinned as its ``pinned`` column says. A missed unload is not replayed
+removed, a live one pinned or unpinned as its ``pinned`` column says, and what is cached about every
+deleted tenant (its row stays, status ``deleted``) is dropped. A missed unload is not replayed
 (it leaves no trace in the tables), so that replica keeps the adapter until it is evicted or unloaded.
 The connection is checked every ``HEALTH_CHECK_S`` and re-opened with backoff when it drops.
 """
@@ -31,8 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.resolver import ModelResolver
 from app.db.database import Database
-from app.db.tables import Adapter
+from app.db.tables import Adapter, Tenant
 from app.engine_clients.interface import EngineClient
+from app.retry import Backoff
 from engine.errors import AdapterError
 
 logger = logging.getLogger(__name__)
@@ -41,7 +46,7 @@ CHANNEL = "loraplex_adapters"
 DELETED = "deleted"
 HEALTH_CHECK_S = 5.0  # a connection that died silently (no FIN from a vanished host) is noticed within this
 HEALTH_CHECK_TIMEOUT_S = 2.0
-MIN_BACKOFF_S = 0.1  # reconnecting: first wait, doubled after every failure up to MAX_BACKOFF_S
+MIN_BACKOFF_S = 0.1  # reconnecting: the first wait's ceiling, doubled per failure up to MAX_BACKOFF_S
 MAX_BACKOFF_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 
@@ -49,6 +54,8 @@ Retire = Callable[[uuid.UUID, str], Awaitable[None]]
 """Take a deleted adapter (id, digest) out of this replica: resolver, engine, cached files."""
 Unload = Callable[[uuid.UUID], Awaitable[None]]
 """Remove an adapter from this replica's engine when no request uses it."""
+ForgetTenant = Callable[[uuid.UUID], None]
+"""Drop what this replica caches about a deleted tenant (its keys, its model lookups)."""
 
 
 class Op(StrEnum):
@@ -56,6 +63,7 @@ class Op(StrEnum):
     UNLOAD = "unload"
     PIN = "pin"
     UNPIN = "unpin"
+    DELETE_TENANT = "delete_tenant"
 
 
 _CATCH_UP = object()  # queued after every (re)connection: re-read the tables
@@ -67,17 +75,30 @@ async def announce(session: AsyncSession, op: Op, adapter_id: uuid.UUID, digest:
     await session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload})
 
 
+async def announce_tenant_deleted(session: AsyncSession, tenant_id: uuid.UUID) -> None:
+    """Queue a tenant's deletion in the session's transaction (its adapters' deletes are announced apart)."""
+    payload = json.dumps({"op": Op.DELETE_TENANT.value, "tenant_id": str(tenant_id)})
+    await session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload})
+
+
 class AdapterAnnouncements:
     """One replica's listener: applies other replicas' (and its own) adapter changes to this replica."""
 
     def __init__(
-        self, database: Database, engine: EngineClient, resolver: ModelResolver, retire: Retire, unload: Unload
+        self,
+        database: Database,
+        engine: EngineClient,
+        resolver: ModelResolver,
+        retire: Retire,
+        unload: Unload,
+        forget_tenant: ForgetTenant,
     ) -> None:
         self.database = database
         self.engine = engine
         self.resolver = resolver
         self.retire = retire
         self.unload = unload
+        self.forget_tenant = forget_tenant
         self.min_backoff_s = MIN_BACKOFF_S
         self.backend_pid: int | None = None
         """The listening connection's server process (None while disconnected)."""
@@ -101,16 +122,16 @@ class AdapterAnnouncements:
     # The connection ----------------------------------------------------------------------------------
 
     async def _listen(self) -> None:
-        backoff = self.min_backoff_s
+        backoff = Backoff(self.min_backoff_s, MAX_BACKOFF_S)
         while True:
             try:
                 connection = await self.database.connect_driver()
             except Exception as error:  # any failure to connect is retried: the listener must outlive outages
-                logger.warning("adapter announcements: cannot connect (%s); retrying in %.1f s", error, backoff)
+                logger.warning("adapter announcements: cannot connect (%s); retrying", error)
             else:
                 try:
                     await self._serve(connection)
-                    backoff = self.min_backoff_s  # it was up; the next drop starts over
+                    backoff.reset()  # it was up; the next drop starts over
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
                     logger.warning("adapter announcements: connection lost (%s); reconnecting", error)
                 except Exception:
@@ -119,8 +140,7 @@ class AdapterAnnouncements:
                     self.backend_pid = None
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(connection.close(), CLOSE_TIMEOUT_S)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            await backoff.wait()
 
     async def _serve(self, connection: asyncpg.Connection) -> None:
         """Listen on ``connection`` until it drops; the catch-up is queued after LISTEN, so nothing falls between."""
@@ -164,6 +184,10 @@ class AdapterAnnouncements:
         try:
             message = json.loads(payload)
             op = Op(message["op"])
+            if op is Op.DELETE_TENANT:
+                self.forget_tenant(uuid.UUID(message["tenant_id"]))
+                logger.info("adapter announcements: applied the deletion of tenant %s", message["tenant_id"])
+                return
             adapter_id = uuid.UUID(message["adapter_id"])
             digest = str(message["digest"])
         except (ValueError, KeyError, TypeError):
@@ -180,10 +204,13 @@ class AdapterAnnouncements:
         logger.info("adapter announcements: applied %s of adapter %s", op.value, adapter_id)
 
     async def _catch_up(self) -> None:
-        """Bring every adapter this engine holds in line with its row."""
+        """Forget every deleted tenant; bring every adapter this engine holds in line with its row."""
         query = select(Adapter.id, Adapter.digest, Adapter.status, Adapter.pinned)
         async with self.database.sessions() as session:
+            deleted_tenant_ids = list(await session.scalars(select(Tenant.id).where(Tenant.status == DELETED)))
             rows = (await session.execute(query)).all()
+        for tenant_id in deleted_tenant_ids:
+            self.forget_tenant(tenant_id)
         for row in rows:
             name = str(row.id)
             if not self.engine.has_adapter(name):
@@ -193,4 +220,8 @@ class AdapterAnnouncements:
                     await self.retire(row.id, row.digest)
             else:
                 await self.engine.pin_adapter(name, row.pinned)
-        logger.info("adapter announcements: caught up from the tables (%d adapters)", len(rows))
+        logger.info(
+            "adapter announcements: caught up from the tables (%d adapters, %d deleted tenants)",
+            len(rows),
+            len(deleted_tenant_ids),
+        )

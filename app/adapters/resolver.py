@@ -108,6 +108,11 @@ class ModelResolver:
         """Drop a cached lookup at once (after this process changed the adapter)."""
         self._cache.pop((tenant_id, model), None)
 
+    def forget_tenant(self, tenant_id: uuid.UUID) -> None:
+        """Drop every cached lookup of a tenant at once (it was deleted, here or on another replica)."""
+        for key in [key for key in self._cache if key[0] == tenant_id]:
+            del self._cache[key]
+
     async def ensure_loaded(self, adapter_id: uuid.UUID, digest: str, pinned: bool = False) -> bool:
         """Register an adapter in the engine unless it is there already (admin load); False if it was retired."""
         return await self._ensure_loaded(str(adapter_id), digest, pinned)

@@ -7,8 +7,9 @@ name stays taken for good, so usage reports and the audit log never show two ten
 choose a new name for a new tenant.
 
 Every change to a tenant makes this process's authenticator forget the tenant's keys once it is
-committed, so a disabled or deleted tenant's keys are refused from the very next request (other
-processes see it within their one-second cache).
+committed, so a disabled or deleted tenant's keys are refused from the very next request. A deletion is
+also announced to the other replicas (``app/adapters/announcements.py``), which forget its keys and retire
+its adapters at once; other changes reach them within their one-second cache.
 
 A caller cannot disable or delete its own tenant: that would revoke the key it is using and could leave
 nobody able to administer the server.
@@ -26,6 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.adapters.announcements import Op, announce, announce_tenant_deleted
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
 from app.admin.audit import record_change
@@ -178,6 +180,10 @@ class TenantService:
             ).all()
             tenant.status = DELETED
             await session.flush()
+            # Sent on commit, the tenant first: other replicas stop taking its keys, then retire its adapters.
+            await announce_tenant_deleted(session, tenant.id)
+            for adapter in adapters:
+                await announce(session, Op.DELETE, adapter.id, adapter.digest)
             after = tenant_out(tenant)
             record_change(
                 session,

@@ -20,7 +20,7 @@ import logging
 import multiprocessing
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from app.engine_clients.channel import FrameChannel
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
-from engine.errors import EngineDeadError, EngineError, RequestError, RequestFailedError, UnknownAdapterError
+from engine.errors import EngineDeadError, EngineError, RequestError, UnknownAdapterError
 from engine.output_delta import OutputAssembler
+from engine.output_queue import OutputQueue
 from engine.worker_process import run_worker_process
 from engine.worker_protocol import (
     Abort,
@@ -67,9 +68,8 @@ KILL_TIMEOUT_S = 5.0
 class _Stream:
     """One request's outputs on their way to the coroutine reading them (on its own event loop)."""
 
-    loop: asyncio.AbstractEventLoop
+    queue: OutputQueue
     assembler: OutputAssembler
-    queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
     ended: bool = False
     """The worker has forgotten the request (refused it, or died): leaving the stream needs no abort."""
 
@@ -174,24 +174,15 @@ class ProcessEngineClient(TokenizingClient):
         channel = self._channel_in_use()
         if request_id in self._streams:
             raise RequestError(f"request id {request_id!r} is already in use")
-        stream = _Stream(asyncio.get_running_loop(), OutputAssembler(prompt_ids))
+        stream = _Stream(OutputQueue(asyncio.get_running_loop()), OutputAssembler(prompt_ids))
         self._streams[request_id] = stream
         channel.send(frame(Submit(request_id, prompt_ids, params, adapter, tenant, weight)))
-        finished = False
         try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.request_finished
-                if item.error is not None:
-                    raise RequestFailedError(f"the engine failed while running request {request_id}: {item.error}")
-                yield item
-                if finished:
-                    return
+            async for output in stream.queue.outputs(request_id):
+                yield output
         finally:
             self._streams.pop(request_id, None)
-            if not finished and not stream.ended:  # the caller left early (a client gone): free the request now
+            if not stream.queue.finished and not stream.ended:  # the caller left early (a client gone): free it now
                 channel.send(frame(Abort(request_id)))
 
     def abort_all(self) -> None:
@@ -285,7 +276,7 @@ class ProcessEngineClient(TokenizingClient):
                 self._deliver(rejected.request_id, stream, from_wire(rejected.error))
 
     def _deliver(self, request_id: str, stream: _Stream, item: RequestOutput | BaseException) -> None:
-        closed = not self._call_soon(stream.loop, stream.queue.put_nowait, item)
+        closed = not stream.queue.put(item)
         if closed and self._streams.pop(request_id, None) is not None and self._channel is not None:
             self._channel.send(frame(Abort(request_id)))  # its event loop is gone: nobody will read the stream
 

@@ -17,8 +17,6 @@ from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.async_engine import AsyncEngine
 
-DEFAULT_WEIGHT = 1.0  # the engine's weight for a tenant it was never given one for
-
 
 class LocalEngineClient(TokenizingClient):
     """An engine in this process, its step loop on a thread of its own."""
@@ -31,7 +29,6 @@ class LocalEngineClient(TokenizingClient):
         self.vocab_size = 0
         self._engine: AsyncEngine | None = None
         self._tokenizer: GatewayTokenizer | None = None
-        self._weights: dict[str, float] = {}  # the weight last given to the engine, per tenant
 
     async def start(self) -> None:
         """Start the step loop, which first loads the model (seconds, off the event loop); Engine(config)'s errors."""
@@ -56,7 +53,8 @@ class LocalEngineClient(TokenizingClient):
             self._engine = None
 
     def is_ready(self) -> bool:
-        return self._engine is not None
+        """True once started, while the step loop runs (false after it died: ``/ready`` answers 503)."""
+        return self._engine is not None and self._engine.is_running
 
     @property
     def engine(self) -> AsyncEngine:
@@ -73,11 +71,8 @@ class LocalEngineClient(TokenizingClient):
         tenant: str | None = None,
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        if tenant is not None and self._weights.get(tenant, DEFAULT_WEIGHT) != weight:
-            await self.engine.set_tenant_weight(tenant, weight)  # rare: only when a tenant's weight changes
-            self._weights[tenant] = weight
         # aclosing: a caller that stops early (a client gone) aborts the request now, not at garbage collection.
-        outputs = self.engine.generate(prompt_ids, params, request_id=request_id, adapter=adapter, tenant=tenant)
+        outputs = self.engine.generate(prompt_ids, params, request_id, adapter, tenant, weight)
         async with contextlib.aclosing(outputs):
             async for output in outputs:
                 yield output

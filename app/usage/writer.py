@@ -24,6 +24,7 @@ import msgspec
 
 from app.db.database import Database
 from app.db.tables import UsageEvent
+from app.retry import Backoff
 from app.usage.records import UsageRecord
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ INSERT_USAGE_SQL = (
     "ON CONFLICT (request_id) DO NOTHING"
 )
 
-INITIAL_BACKOFF_S = 0.2
+INITIAL_BACKOFF_S = 0.2  # the first retry's longest wait while the database is away; doubled per failure (app/retry.py)
 MAX_BACKOFF_S = 5.0
 WRITE_TIMEOUT_S = 10.0  # one batch attempt; a database that hangs is treated like one that is down
 CLOSE_TIMEOUT_S = 2.0
@@ -111,27 +112,25 @@ class UsageWriter:
             await asyncio.wait([self._task])
             self._task = None
         self._loop = None
-        backoff_s = INITIAL_BACKOFF_S
+        backoff = Backoff(INITIAL_BACKOFF_S, MAX_BACKOFF_S)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while self._pending:
                     if not (await self._write_pending())[1]:
-                        await asyncio.sleep(backoff_s)
-                        backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+                        await backoff.wait()
         if self._pending:
             self._spill()
         await self._close_connection()
 
     async def _run(self) -> None:
-        backoff_s = INITIAL_BACKOFF_S
+        backoff = Backoff(INITIAL_BACKOFF_S, MAX_BACKOFF_S)
         while True:
             if self._outage_since is None:
-                backoff_s = INITIAL_BACKOFF_S
+                backoff.reset()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), self._flush_interval_s)
             else:
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2 * backoff_s, MAX_BACKOFF_S)
+                await backoff.wait()
             self._wakeup.clear()
             await self._write_pending()
 

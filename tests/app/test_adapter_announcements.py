@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -21,7 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from app.db.tables import Adapter
+from app.db.tables import Adapter, ApiKey, Tenant
 from app.engine_clients.thread import LocalEngineClient
 from app.keys.service import Scope
 from app.services import Gateway
@@ -198,3 +199,56 @@ async def test_a_replacing_upload_retires_the_old_adapter_on_the_other_replica(
     answer = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
     assert answer.status_code == 200 and replica_engine.has_adapter(replaced.json()["id"])  # the new one
     assert r.gateway_b.resolver.is_retired(uuid.UUID(old["id"]))
+
+
+KEY_CACHE_FOR_GOOD_S = 3600.0  # B's key cache outlives the test: only an announcement can make B drop a key
+
+
+async def test_a_tenant_deleted_on_one_replica_loses_its_keys_and_adapters_on_the_other_at_once(
+    replicas: Replicas, replica_engine
+):
+    r = replicas
+    r.gateway_b.authenticator._cache_ttl_s = KEY_CACHE_FOR_GOOD_S
+    served = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert served.status_code == 200 and replica_engine.has_adapter(r.adapter["id"])  # B caches the key now
+    asked_at = time.perf_counter()
+    deleted = await r.client_a.delete(f"/admin/tenants/{r.acme.tenant_id}", headers=r.admin.headers)
+    assert deleted.status_code == 200, deleted.text
+    elapsed = await seconds_until(lambda: not replica_engine.has_adapter(r.adapter["id"]), asked_at)
+    logger.info("propagated a tenant deletion in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    refused = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert refused.status_code == 401, refused.text
+
+
+async def test_a_tenant_deleted_while_a_replica_was_not_listening_is_replayed_on_reconnect(
+    replicas: Replicas, replica_engine, database_url
+):
+    r = replicas
+    r.gateway_b.authenticator._cache_ttl_s = KEY_CACHE_FOR_GOOD_S
+    served = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert served.status_code == 200
+    listener = r.gateway_b.announcements
+    await seconds_until(lambda: listener.backend_pid is not None)
+    pid, connections = listener.backend_pid, listener.num_connections
+
+    # The deletion as the tables keep it, announced to nobody: only a catch-up finds it.
+    async with r.gateway_b.database.sessions() as session, session.begin():
+        await session.execute(
+            update(ApiKey).where(ApiKey.tenant_id == r.acme.tenant_id).values(revoked_at=datetime.now(UTC))
+        )
+        await session.execute(update(Adapter).where(Adapter.tenant_id == r.acme.tenant_id).values(status="deleted"))
+        await session.execute(update(Tenant).where(Tenant.id == r.acme.tenant_id).values(status="deleted"))
+    killer = await asyncpg.connect(database_url)
+    try:
+        assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await killer.close()
+    killed_at = time.perf_counter()
+    await seconds_until(lambda: listener.num_connections > connections)
+    await seconds_until(lambda: not replica_engine.has_adapter(r.adapter["id"]))
+    elapsed = time.perf_counter() - killed_at
+    logger.info("reconnected and replayed a tenant deletion in %.3f s", elapsed)
+    assert elapsed <= MAX_PROPAGATION_S
+    refused = await r.client_b.post(CHAT, json=chat_body("alpha", max_tokens=1), headers=r.acme.headers)
+    assert refused.status_code == 401, refused.text

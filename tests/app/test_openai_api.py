@@ -153,7 +153,7 @@ async def test_requests_reach_the_engine_as_their_tenant_with_its_weight(gateway
         stats = await default_engine.stats()
         served = stats.tenant_counters[str(acme.tenant_id)]
         assert served > 0
-        assert default_engine._weights[str(acme.tenant_id)] == 4.0
+        assert default_engine.engine._weights[str(acme.tenant_id)] == 4.0  # the weight the step loop gave the engine
 
 
 async def test_a_long_prompt_is_tokenized_off_the_event_loop_and_a_short_one_on_it(

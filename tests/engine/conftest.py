@@ -55,7 +55,7 @@ def check_invariants(engine: Engine, output: SchedulerOutput | None = None) -> N
     holders: Counter[int] = Counter()
     for seq in engine.scheduler.running:
         holders.update(seq.block_ids)
-    for seq in engine.scheduler.waiting:
+    for seq in engine.scheduler.admission:
         assert not seq.block_ids, f"waiting {seq.request_id} still holds pages"
     for page in engine.pool.pages:
         if page.owner is OwnerKind.KV:

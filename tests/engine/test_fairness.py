@@ -122,7 +122,7 @@ def test_weights_shift_service_proportionally(tiny_llama: Path, weight_b: float)
     driver.submit(B, _prompts(100, 60, 16), LONG)
     driver.run(30)
     served = driver.run(200)
-    assert set(Counter(seq.tenant for seq in driver.engine.scheduler.waiting)) == {A, B}, "both stayed saturated"
+    assert set(Counter(seq.tenant for seq in driver.engine.scheduler.admission)) == {A, B}, "both stayed saturated"
     assert served[B] / served[A] == pytest.approx(weight_b, rel=0.15)
 
 

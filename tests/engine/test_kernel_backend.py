@@ -12,6 +12,7 @@ from engine.errors import ConfigError
 from kernels import native_cpu
 from kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
+from tests.native_required import require_native_ops
 
 
 @pytest.fixture
@@ -25,8 +26,7 @@ def no_compiler(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_auto_runs_the_native_kernels_where_they_build(tiny_llama: Path) -> None:
-    if native_cpu.native_ops() is None:
-        pytest.skip(f"native CPU kernels unavailable here: {native_cpu.unavailable_reason()}")
+    require_native_ops()
     engine = make_engine(tiny_llama)
     assert engine.kernels is KernelBackend.NATIVE
     assert engine.model.backend is KernelBackend.NATIVE
@@ -64,3 +64,16 @@ def test_native_refuses_other_dtypes_and_bad_values_are_refused(tiny_llama: Path
     )
     with pytest.raises(ConfigError, match="kernels must be one of auto, torch, native, triton"):
         EngineConfig(model="x", kernels="cuda")
+
+
+@pytest.mark.parametrize(
+    ("machine", "outcome"), [("x86_64", pytest.fail.Exception), ("riscv64", pytest.skip.Exception)]
+)
+def test_a_missing_native_library_fails_the_tests_on_a_cpu_it_builds_for(
+    no_compiler, monkeypatch: pytest.MonkeyPatch, machine: str, outcome: type[BaseException]
+) -> None:
+    """A broken native build on a developer's x86-64 machine must show as a failure, not as skips; CI or not."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr("platform.machine", lambda: machine)
+    with pytest.raises(outcome, match="no C\\+\\+ compiler"):
+        require_native_ops()

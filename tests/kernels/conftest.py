@@ -1,21 +1,11 @@
-"""Fixtures of the kernel tests: the native CPU library, skipped (with the reason) only where it cannot be built.
-
-In CI (``CI`` set) the machine has a compiler, so a library that does not build fails the tests instead.
-"""
-
-import os
+"""Fixtures of the kernel tests: the native CPU library, a failure where it should build and does not."""
 
 import pytest
 
-from kernels.native_cpu import native_ops, unavailable_reason
+from tests.native_required import require_native_ops
 
 
 @pytest.fixture(scope="session")
 def native() -> object:
     """``torch.ops.loraplex``, built on first use."""
-    ops = native_ops()
-    if ops is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"native CPU kernels unavailable in CI: {unavailable_reason()}")
-        pytest.skip(f"native CPU kernels unavailable: {unavailable_reason()}")
-    return ops
+    return require_native_ops()
