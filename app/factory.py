@@ -16,6 +16,7 @@ from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.observability.routes import OPS_ROUTES
 from app.openai.controller import OPENAI_ROUTES
+from app.openai.responses_controller import STORED_RESPONSE_ROUTES
 from app.settings import Settings
 from app.web.errors import ApiError
 from app.web.request_context import RequestIdMiddleware
@@ -32,7 +33,7 @@ def create_app(
     """The app; it starts the database, the engine (unless one is given) and the writers when it starts."""
     settings = settings or Settings.from_env()
     app = Litestar(
-        route_handlers=[*OPENAI_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
+        route_handlers=[*OPENAI_ROUTES, *STORED_RESPONSE_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES],
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],
         request_max_body_size=settings.max_request_bytes,  # the adapter upload sets its own, counted as bytes arrive

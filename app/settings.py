@@ -25,6 +25,9 @@ ENGINE_KINDS = ("local", "process", "thread", "ray")
 # budget are spending the tenant did not agree to).
 FAIL_OPEN_FIRST = ("open", "closed")
 FAIL_CLOSED_FIRST = ("closed", "open")
+# Stored responses (`store: true` on /v1/responses) are kept 30 days, as OpenAI keeps them; at most ten years.
+DEFAULT_RESPONSE_RETENTION_DAYS = 30
+MAX_RESPONSE_RETENTION_DAYS = 3650
 
 
 class SettingsError(ValueError):
@@ -113,6 +116,10 @@ class Settings:
     redis_fail_budget: str = "closed"
     """The same for the monthly budget (LORAPLEX_REDIS_FAIL_BUDGET)."""
 
+    response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
+    """Days a stored response (``store: true`` on /v1/responses) is kept before it is swept, 1 to 3650
+    (LORAPLEX_RESPONSE_RETENTION_DAYS)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -145,6 +152,8 @@ class Settings:
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
             redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
+            response_retention_days=_int(env, "LORAPLEX_RESPONSE_RETENTION_DAYS", MAX_RESPONSE_RETENTION_DAYS)
+            or DEFAULT_RESPONSE_RETENTION_DAYS,
         )
 
 
@@ -163,7 +172,8 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
+def _int(env: Mapping[str, str], name: str, maximum: int | None = None) -> int | None:
+    """A whole number of at least 1 (and at most ``maximum`` when given); None when unset."""
     value = env.get(name)
     if not value:
         return None
@@ -173,6 +183,8 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
     if number < 1:
         raise SettingsError(f"{name} must be at least 1, got {number}")
+    if maximum is not None and number > maximum:
+        raise SettingsError(f"{name} must be at most {maximum}, got {number}")
     return number
 
 

@@ -15,14 +15,6 @@ from app.openai import params as request_params
 from app.openai import replies, streams
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
 from app.openai.replies import Reply
-from app.openai.responses import (
-    ResponseShape,
-    as_chat,
-    refuse_unsupported_responses,
-    response_events,
-    whole_response,
-)
-from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.runs import Run, Submission, metered_outputs
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
@@ -59,13 +51,20 @@ class OpenAIService:
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
         refuse_unsupported_chat(body)
-        constraint, plan, param = output_constraint(body)
-        prompts = [Prompt(await chat_prompt_ids(body, self.engine, plan))]
-        first, outputs = await self._start(principal, body, prompts, request_id, "chat.completions", constraint, param)
-        reply = replace(self._reply(f"chatcmpl-{request_id}", body, prompts), tool_plan=plan)
+        reply, first, outputs = await self.start_chat(principal, body, request_id, "chat.completions", "chatcmpl-")
         if body.stream:
             return streams.chat_stream(reply, first, outputs)
-        return replies.chat_completion(reply, await _last_outputs(first, outputs, body.model))
+        return replies.chat_completion(reply, await last_outputs(first, outputs, body.model))
+
+    async def start_chat(
+        self, principal: Principal, body: ChatCompletionRequest, request_id: str, endpoint: str, id_prefix: str
+    ) -> tuple[Reply, tuple[int, RequestOutput], Choices]:
+        """Run a chat completion metered as ``endpoint``: its reply, first output and the stream of the rest."""
+        constraint, plan, param = output_constraint(body)
+        prompts = [Prompt(await chat_prompt_ids(body, self.engine, plan))]
+        first, outputs = await self._start(principal, body, prompts, request_id, endpoint, constraint, param)
+        reply = replace(self._reply(f"{id_prefix}{request_id}", body, prompts), tool_plan=plan)
+        return reply, first, outputs
 
     async def completion(
         self, principal: Principal, body: CompletionRequest, request_id: str
@@ -77,21 +76,7 @@ class OpenAIService:
         reply = self._reply(f"cmpl-{request_id}", body, prompts)
         if body.stream:
             return streams.completion_stream(reply, first, outputs)
-        return replies.completion(reply, await _last_outputs(first, outputs, body.model))
-
-    async def responses(
-        self, principal: Principal, body: ResponsesRequest, request_id: str
-    ) -> ResponseObject | AsyncIterator[bytes]:
-        """OpenAI's Responses API, stateless: the chat completion it amounts to, metered as ``responses``."""
-        refuse_unsupported_responses(body)
-        chat = as_chat(body)
-        constraint, _, _ = output_constraint(chat)  # only text.format constrains a response
-        prompts = [Prompt(await chat_prompt_ids(chat, self.engine))]
-        first, outputs = await self._start(principal, chat, prompts, request_id, "responses", constraint, "text")
-        shape = ResponseShape(self._reply(f"resp_{request_id}", chat, prompts), body)
-        if body.stream:
-            return response_events(shape, first, outputs)
-        return whole_response(shape, await _last_outputs(first, outputs, body.model))
+        return replies.completion(reply, await last_outputs(first, outputs, body.model))
 
     def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -155,7 +140,7 @@ async def _first_output(outputs: Choices, model: str) -> tuple[int, RequestOutpu
         raise _api_error(error, model) from None
 
 
-async def _last_outputs(first: tuple[int, RequestOutput], outputs: Choices, model: str) -> dict[int, RequestOutput]:
+async def last_outputs(first: tuple[int, RequestOutput], outputs: Choices, model: str) -> dict[int, RequestOutput]:
     """Each choice's last output, once every choice has finished."""
     index, output = first
     last = {index: output}
