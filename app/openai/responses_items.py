@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from app.openai.schemas import TOOL_NAME, _documented
 from app.web.errors import BadRequestError
 from app.web.json_body import body_error
 
@@ -46,7 +45,7 @@ class FunctionCallItem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
     type: Literal["function_call"]
     call_id: str
-    name: Annotated[str, _documented(**TOOL_NAME)]
+    name: str
     arguments: Annotated[str, Meta(description="The arguments object as JSON text.")]
     id: str | None = None
     status: ItemStatus | None = None

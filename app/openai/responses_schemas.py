@@ -34,8 +34,10 @@ MAX_LISTED_ITEMS = 100  # OpenAI's most input items a page
 
 
 class FunctionTool(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A function the model may call; checked by ``msgspec.convert`` (so its name's pattern is enforced here)."""
+
     type: Literal["function"]
-    name: Annotated[str, _documented(**TOOL_NAME)]
+    name: Annotated[str, Meta(**TOOL_NAME)]
     parameters: Annotated[
         dict[str, Any] | None, Meta(description="A JSON schema of the arguments object; none: no arguments.")
     ] = None
