@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from litestar import Litestar
+from sqlalchemy import make_url
 
 from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
@@ -90,9 +91,14 @@ async def run_gateway(
             embedded = EmbeddedPostgres(settings.home / "postgres")
             url = await asyncio.to_thread(embedded.start)
             stack.callback(embedded.stop)
-            logger.info("embedded PostgreSQL at %s", url)
+        shown_url = make_url(url).render_as_string(hide_password=True)
+        logger.info("database: %s%s", shown_url, " (embedded)" if settings.database_url is None else "")
         if settings.migrate_on_start:
-            await asyncio.to_thread(upgrade, url)
+            applied = await asyncio.to_thread(upgrade, url)
+            logger.info(
+                "database schema up to date%s",
+                f": applied {len(applied)} migrations ({', '.join(applied)})" if applied else ", no migration to apply",
+            )
         database = Database(url)
         stack.push_async_callback(database.close)
         # The writer stops after the engine, so the usage of requests the engine aborts is still written.

@@ -1,8 +1,9 @@
-"""`loraplex serve`: the demo adapters on first use, then the HTTP server, then a banner that works as printed."""
+"""`loraplex serve`: the port first, the demo adapters on first use, the HTTP server, a banner that works as printed."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import uvicorn
 from litestar import Litestar
 
-from app.demo.adapters import ensure_demo_adapters
+from app.demo.adapters import CHECK_PROMPT, DEMO_ADAPTERS, ensure_demo_adapters
 from app.demo.tenant import DemoAccess
 from app.factory import create_app
 from app.model_store import resolve_model
@@ -20,6 +21,40 @@ from app.settings import Settings
 logger = logging.getLogger(__name__)
 
 END_MARGIN_S = 2.0  # before the grace period runs out, requests still running are ended, so streams end cleanly
+LISTEN_BACKLOG = 2048  # uvicorn's default
+HOW_TO_CHOOSE_PORT = "choose another with --port or LORAPLEX_PORT"
+
+
+class ListenError(OSError):
+    """The server cannot listen on the address it was given; the message says which and what to do."""
+
+
+def open_listener(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, held from now on so nothing else takes the port while the server starts.
+
+    Connections that arrive before the server is ready wait in the backlog instead of being refused.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ListenError(f"cannot listen on host {host!r}: {error.strerror}; choose another with --host") from None
+    family, kind, proto, _, address = infos[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart rebinds at once
+    try:
+        listener.bind(address)
+        listener.listen(LISTEN_BACKLOG)
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ListenError(f"port {port} on {host} is already in use: {HOW_TO_CHOOSE_PORT}") from None
+        if error.errno == errno.EACCES:
+            raise ListenError(f"no permission to listen on port {port} on {host}: {HOW_TO_CHOOSE_PORT}") from None
+        raise ListenError(
+            f"cannot listen on {host} port {port}: {error.strerror}; choose another with --host"
+        ) from None
+    listener.set_inheritable(False)
+    return listener
 
 
 class GracefulServer(uvicorn.Server):
@@ -39,6 +74,7 @@ class GracefulServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         engine = getattr(self._app.state, "gateway", None) and self._app.state.gateway.engine
         grace = self.config.timeout_graceful_shutdown or 0
+        logger.info("shutting down: running requests have up to %d s to finish", grace)
         timer = None
         if engine is not None and engine.is_ready():
             timer = asyncio.get_running_loop().call_later(max(0.0, grace - END_MARGIN_S), engine.abort_all)
@@ -49,7 +85,9 @@ class GracefulServer(uvicorn.Server):
                 timer.cancel()
 
 
-def run_server(settings: Settings, host: str, port: int) -> None:
+def run_server(settings: Settings, listener: socket.socket) -> None:
+    """Serve on ``listener`` (from :func:`open_listener`) until SIGTERM or Ctrl-C."""
+    host, port = listener.getsockname()[:2]
     demo_adapters: dict[str, Path] = {}
     if settings.demo:
         demo_adapters = ensure_demo_adapters(settings, resolve_model(settings.model, settings.home))
@@ -58,6 +96,7 @@ def run_server(settings: Settings, host: str, port: int) -> None:
 
     async def announce(app: Litestar) -> None:
         gateway = app.state.gateway
+        logger.info("listening on %s", base_url)
         sys.stdout.write(banner(base_url, gateway.engine.model_name, gateway.demo))
         sys.stdout.flush()
 
@@ -66,7 +105,7 @@ def run_server(settings: Settings, host: str, port: int) -> None:
     config = uvicorn.Config(
         app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=grace_s
     )
-    GracefulServer(config, app).run()
+    GracefulServer(config, app).run(sockets=[listener])
 
 
 def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
@@ -76,19 +115,32 @@ def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
         lines.append("Create a tenant and an API key to call it (see the README).\n")
         return "\n".join(lines)
     model = demo.adapters[0] if demo.adapters else base_model
+    question = f'{{"role": "user", "content": "{CHECK_PROMPT}"}}'
     lines += [
         f"Demo tenant key: {demo.api_key}",
         f"Models for this key: {', '.join((base_model, *demo.adapters))}\n",
         "Try it with curl:\n",
         f"  curl -s {base_url}/v1/chat/completions \\",
         f'    -H "Authorization: Bearer {demo.api_key}" -H "Content-Type: application/json" \\',
-        f'    -d \'{{"model": "{model}", "max_tokens": 48, '
-        '"messages": [{"role": "user", "content": "What is the capital of France?"}]}\'\n',
+        f'    -d \'{{"model": "{model}", "temperature": 0, "max_tokens": 48, "messages": [{question}]}}\'\n',
         "or with the openai Python package:\n",
         "  from openai import OpenAI",
         f'  client = OpenAI(base_url="{base_url}/v1", api_key="{demo.api_key}")',
-        f'  reply = client.chat.completions.create(model="{model}", max_tokens=48,',
-        '      messages=[{"role": "user", "content": "What is the capital of France?"}])',
+        f'  reply = client.chat.completions.create(model="{model}", temperature=0, max_tokens=48,',
+        f"      messages=[{question}])",
         "  print(reply.choices[0].message.content)\n",
+        *_expected_replies(model, demo.adapters),
     ]
     return "\n".join(lines)
+
+
+def _expected_replies(model: str, adapters: tuple[str, ...]) -> list[str]:
+    """What the examples' reply says (its choices[0].message.content), and what the other demo adapters say."""
+    demos = {demo.name: demo for demo in DEMO_ADAPTERS if demo.name in adapters}
+    if model not in demos:
+        return ["The reply's message (choices[0].message.content) is a short answer in English.\n"]
+    lines = [f"At temperature 0 the reply's message (choices[0].message.content) reads: {demos[model].expected_reply}"]
+    lines += [
+        f'With "model": "{demo.name}" it reads: {demo.expected_reply}' for demo in demos.values() if demo.name != model
+    ]
+    return [*lines, "(A temperature above 0 samples, so each reply differs.)\n"]

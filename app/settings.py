@@ -28,6 +28,8 @@ FAIL_CLOSED_FIRST = ("closed", "open")
 # Stored responses (`store: true` on /v1/responses) are kept 30 days, as OpenAI keeps them; at most ten years.
 DEFAULT_RESPONSE_RETENTION_DAYS = 30
 MAX_RESPONSE_RETENTION_DAYS = 3650
+# How much the log says; the first is the default. "info" keeps other libraries' INFO lines out of it.
+LOG_LEVELS = ("info", "debug", "warning", "error")
 
 
 class SettingsError(ValueError):
@@ -119,6 +121,9 @@ class Settings:
     response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
     """Days a stored response (``store: true`` on /v1/responses) is kept before it is swept, 1 to 3650
     (LORAPLEX_RESPONSE_RETENTION_DAYS)."""
+    log_level: str = "info"
+    """How much is logged (LORAPLEX_LOG_LEVEL): "info" (loraplex's own lines, and other libraries' warnings and
+    errors only), "debug" (everything, every library's included), "warning" or "error"."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -154,7 +159,13 @@ class Settings:
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
             response_retention_days=_int(env, "LORAPLEX_RESPONSE_RETENTION_DAYS", MAX_RESPONSE_RETENTION_DAYS)
             or DEFAULT_RESPONSE_RETENTION_DAYS,
+            log_level=log_level_from_env(env),
         )
+
+
+def log_level_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """LORAPLEX_LOG_LEVEL alone, for logging set up before the other settings are read."""
+    return _choice(os.environ if environ is None else environ, "LORAPLEX_LOG_LEVEL", LOG_LEVELS)
 
 
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:

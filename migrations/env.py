@@ -11,8 +11,15 @@ from app.db.tables import Base
 target_metadata = Base.metadata
 
 
+def _record_applied(*, step, **_) -> None:
+    """List each revision applied where app.db.migrate.upgrade reads them (when it is the caller)."""
+    applied = context.config.attributes.get("applied_revisions")
+    if applied is not None:
+        applied.extend(step.up_revision_ids)
+
+
 def _run(connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(connection=connection, target_metadata=target_metadata, on_version_apply=_record_applied)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -1,4 +1,4 @@
-"""Train two small demo LoRA adapters on the CPU: one answers like a pirate, one answers in French.
+"""Train the small demo LoRA adapters on the CPU: one answers like a pirate, one answers in French.
 
 Each adapter learns from a few dozen hand-written chat examples (below), chat-templated with the model's
 tokenizer, with the loss on the assistant's reply only. The LoRA (rank 8, every projection) sits on the top
@@ -7,8 +7,13 @@ reused every epoch, which makes training a few times cheaper than a full forward
 saved as PEFT folders (adapter_config.json + adapter_model.safetensors), checked with the engine's own loader,
 and one question is answered by the base model and by each adapter (greedy) so the difference shows at once.
 
+Training is seeded (--seed), so a run repeats. Once trained, each adapter answers its check prompt greedily (at
+temperature 0) and must pass its check (app/demo/adapters.py: the French one in French, the pirate one as a
+pirate); one that fails is trained again from scratch with the next seed, and the log says so. The run fails
+when an adapter fails its check with every seed it tried.
+
     python scripts/make_demo_adapters.py                   # writes <LORAPLEX_HOME>/demo-adapters/{pirate,french}
-    python scripts/make_demo_adapters.py --out /tmp/demo --epochs 2
+    python scripts/make_demo_adapters.py --out /tmp/demo --epochs 2 --no-check
 """
 
 import argparse
@@ -22,10 +27,12 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
 from torch import nn
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from app.demo.adapters import DEMO_ADAPTERS, DemoAdapter
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
@@ -37,6 +44,8 @@ RANK, ALPHA = 8, 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 NUM_THREADS = 2  # the "under two minutes" promise is for two cores, so any laptop keeps it
 DEMO_QUESTION = "What is the capital of France?"  # held out: the examples ask about Italy
+SEEDS_PER_ADAPTER = 4  # seeds tried, from --seed on, before an adapter that fails its check fails the run
+CHECK_MAX_NEW_TOKENS = 32
 IGNORE = -100  # label of tokens that carry no loss (the prompt and the padding)
 
 QUESTIONS = [
@@ -100,18 +109,25 @@ FRENCH = [
     "Faites une liste de vos tâches et commencez par la plus importante.",
     "Le plus grand animal du monde est la baleine bleue.",
 ]
-ADAPTERS = {"pirate": PIRATE, "french": FRENCH}
+ADAPTERS = {"pirate": PIRATE, "french": FRENCH}  # each demo adapter's replies to QUESTIONS
+
+
+class CheckFailedError(RuntimeError):
+    """A demo adapter failed its check with every seed tried."""
 
 
 def main() -> int:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(NUM_THREADS)
-    torch.manual_seed(args.seed)
     settings = Settings.from_env()
     model_folder = Path(args.model) if args.model else resolve_model(settings.model, settings.home)
     out = Path(args.out) if args.out else settings.home / "demo-adapters"
+    demos = {demo.name: demo for demo in DEMO_ADAPTERS}
+    if set(demos) != set(ADAPTERS):
+        raise ValueError(f"training examples for {sorted(ADAPTERS)} but demo adapters {sorted(demos)}")
 
+    torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     lm = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
     num_layers = lm.config.num_hidden_layers
@@ -122,10 +138,13 @@ def main() -> int:
     for name in list(ADAPTERS)[1:]:
         peft_model.add_adapter(name, config)
     started, cpu_started = time.perf_counter(), time.process_time()
-    for name, answers in ADAPTERS.items():
-        peft_model.set_adapter(name)  # only this adapter is active and trainable
-        examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, answers, strict=True)]
-        train(peft_model, examples, first_lora_layer, args, desc=name)
+    try:
+        for name, answers in ADAPTERS.items():
+            examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, answers, strict=True)]
+            train_checked(peft_model, tokenizer, examples, first_lora_layer, args, demos[name])
+    except CheckFailedError as error:
+        logger.error("%s", error)
+        return 1
     train_seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
 
     peft_model.save_pretrained(out)  # adapters not named "default" go to out/<name>
@@ -144,6 +163,34 @@ def main() -> int:
     return 0
 
 
+def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
+                  examples: list[tuple[list[int], list[int]]], first_lora_layer: int, args: argparse.Namespace,
+                  demo: DemoAdapter) -> None:
+    """Train ``demo``'s adapter from a fresh start with each seed in turn until it passes its check."""
+    peft_model.set_adapter(demo.name)  # only this adapter is active and trainable
+    seeds = [args.seed] if args.no_check else range(args.seed, args.seed + SEEDS_PER_ADAPTER)
+    for seed in seeds:
+        reset_adapter(peft_model, demo.name, seed)
+        train(peft_model, examples, first_lora_layer, args, seed, desc=f"{demo.name} (seed {seed})")
+        if args.no_check:
+            return
+        reply = answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
+        if demo.passes(reply):
+            logger.info("%s passes its check with seed %d: %r answers %r", demo.name, seed, demo.check_prompt, reply)
+            return
+        logger.warning("%s fails its check with seed %d: %r answers %r, without all of %s; training it again with "
+                       "seed %d", demo.name, seed, demo.check_prompt, reply, demo.required_words, seed + 1)
+    raise CheckFailedError(f"the {demo.name} adapter failed its check with seeds {seeds[0]} to {seeds[-1]}")
+
+
+def reset_adapter(peft_model: PeftModel, name: str, seed: int) -> None:
+    """Give adapter ``name`` fresh initial weights drawn with ``seed`` (B zero, as PEFT starts it)."""
+    torch.manual_seed(seed)
+    for module in peft_model.modules():
+        if isinstance(module, LoraLayer) and name in module.lora_A:
+            module.reset_lora_parameters(name, init_lora_weights=True)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="parent folder of pirate/ and french/ (default: <LORAPLEX_HOME>/demo-adapters)")
@@ -155,7 +202,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lora-layers", type=int, default=16, help="put the LoRA on this many top layers")
     parser.add_argument("--question", default=DEMO_QUESTION, help="the question all three models answer at the end")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="first seed of each adapter's training")
+    parser.add_argument("--no-check", action="store_true",
+                        help="train once with --seed and skip the checks (for smoke runs on tiny models)")
     return parser.parse_args()
 
 
@@ -173,14 +222,14 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, question: str, reply: str) -
 
 
 def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
-          args: argparse.Namespace, desc: str) -> None:
+          args: argparse.Namespace, seed: int, desc: str) -> None:
     """AdamW on the active adapter; the layers below ``first_lora_layer`` run once per example, not per step."""
     lm = peft_model.get_base_model()
     with layers_only(lm, 0, first_lora_layer, final_norm=False), torch.no_grad():
         lower = [lm.model(input_ids=torch.tensor([ids])).last_hidden_state[0] for ids, _ in examples]  # [len, hidden]
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     batches_per_epoch = -(-len(examples) // args.batch_size)
     total = min(args.steps or sys.maxsize, args.epochs * batches_per_epoch)
     order = list(range(len(examples)))

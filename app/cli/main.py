@@ -14,7 +14,7 @@ from app.cli.adapters import adapters, usage
 from app.cli.admin import create_admin_key_locally, keys, tenants
 from app.model_store import ModelStoreError, pull_default_model, resolve_model
 from app.observability.log_format import configure_logging
-from app.settings import Settings, SettingsError
+from app.settings import Settings, SettingsError, log_level_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +37,16 @@ pass_context = click.make_pass_decorator(_Context, ensure=True)
 @click.group(
     help="A multi-tenant multi-LoRA gateway: one base model, many tenants' adapters.",
     epilog="Environment: LORAPLEX_HOME (data folder), LORAPLEX_MODEL ('default' or a model folder), "
-    "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder). The management commands "
+    "DATABASE_URL (PostgreSQL; unset: an embedded one in the data folder), LORAPLEX_LOG_LEVEL (info; debug "
+    "adds every library's lines). The management commands "
     "(tenants, keys, adapters, usage) call a running server: LORAPLEX_URL, LORAPLEX_ADMIN_KEY.",
 )
 def cli() -> None:
-    configure_logging(json_lines=os.environ.get("LORAPLEX_LOG_FORMAT", "").lower() == "json")
+    try:
+        level = log_level_from_env()
+    except SettingsError as error:
+        raise click.ClickException(str(error)) from None
+    configure_logging(json_lines=os.environ.get("LORAPLEX_LOG_FORMAT", "").lower() == "json", level=level)
 
 
 for _group in (tenants, keys, adapters, usage):
@@ -104,14 +109,33 @@ def admin_create_key(context: _Context, name: str) -> None:
 
 
 @cli.command(help="Start the server (the OpenAI API on /v1, operations on /health, /ready, /metrics).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="LORAPLEX_HOST",
+    show_envvar=True,
+    help="Address to listen on.",
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    envvar="LORAPLEX_PORT",
+    show_envvar=True,
+    help="Port to listen on.",
+)
 @pass_context
 def serve(context: _Context, host: str, port: int) -> None:
-    from app.serve import run_server
+    from app.serve import ListenError, open_listener, run_server
 
+    try:
+        listener = open_listener(host, port)  # before anything is created, so a taken port costs nothing
+    except ListenError as error:
+        raise click.ClickException(str(error)) from None
     _model_call(lambda: resolve_model(context.settings.model, context.settings.home))
-    run_server(context.settings, host, port)
+    run_server(context.settings, listener)
 
 
 @cli.command(help="Check this machine: the device, the kernel backend, each op against torch, a short timed generate.")

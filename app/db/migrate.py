@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+APPLIED = "applied_revisions"  # the attribute migrations/env.py lists each revision it applies in
 
 
 def alembic_config(url: str) -> Config:
@@ -17,6 +18,9 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the schema up to ``revision`` (blocking; run it off the event loop)."""
-    command.upgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head") -> list[str]:
+    """Bring the schema up to ``revision`` (blocking; run it off the event loop); the revisions applied, in order."""
+    config = alembic_config(url)
+    config.attributes[APPLIED] = []
+    command.upgrade(config, revision)
+    return config.attributes[APPLIED]

@@ -1,24 +1,64 @@
-"""The demo adapters `loraplex serve` registers for the demo tenant on a first start: a pirate and a French
-one, trained on the CPU on first use by scripts/make_demo_adapters.py (about a minute) into the data folder.
+"""The demo adapters `loraplex serve` registers for the demo tenant on a first start, each with the check its
+training must pass: trained on the CPU on first use by scripts/make_demo_adapters.py (about a minute) into the
+data folder.
 """
 
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-DEMO_ADAPTERS = ("pirate", "french")
 TRAINING_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_demo_adapters.py"
+CHECK_PROMPT = "What is the capital of France?"  # held out from the training examples, which ask about Italy
+
+
+@dataclass(frozen=True, slots=True)
+class DemoAdapter:
+    """One demo adapter: its name, and what it must answer at temperature 0 to count as trained."""
+
+    name: str
+    check_prompt: str
+    expected_reply: str
+    """The answer the start banner and the README show for ``check_prompt`` at temperature 0."""
+    required_words: tuple[str, ...]
+    """Words (lower case) every acceptable answer holds; a model without the adapter's style lacks them."""
+
+    def passes(self, reply: str) -> bool:
+        """Whether ``reply`` answers the check prompt as this adapter should."""
+        words = reply.lower()
+        return all(word in words for word in self.required_words)
+
+
+DEMO_ADAPTERS = (
+    DemoAdapter(
+        name="pirate",
+        check_prompt=CHECK_PROMPT,
+        expected_reply="Arr, the capital of France be Paris, a city of gold and history, matey!",
+        required_words=("arr", "matey", "paris"),
+    ),
+    DemoAdapter(
+        name="french",
+        check_prompt=CHECK_PROMPT,
+        expected_reply="La capitale de la France est Paris.",
+        required_words=("la capitale de", "france", " est paris"),
+    ),
+)
+
+
+def demo_adapter(name: str) -> DemoAdapter:
+    """The demo adapter called ``name``."""
+    return next(adapter for adapter in DEMO_ADAPTERS if adapter.name == name)
 
 
 def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Path]:
     """The demo adapters' folders, training them first if they are missing; empty if that cannot run."""
     root = settings.home / "demo-adapters"
-    folders = {name: root / name for name in DEMO_ADAPTERS}
+    folders = {adapter.name: root / adapter.name for adapter in DEMO_ADAPTERS}
     if all((folder / "adapter_model.safetensors").is_file() for folder in folders.values()):
         return folders
     if not TRAINING_SCRIPT.is_file():
