@@ -121,6 +121,7 @@ class Settings:
     response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
     """Days a stored response (``store: true`` on /v1/responses) is kept before it is swept, 1 to 3650
     (LORAPLEX_RESPONSE_RETENTION_DAYS)."""
+
     log_level: str = "info"
     """How much is logged (LORAPLEX_LOG_LEVEL): "info" (loraplex's own lines, and other libraries' warnings and
     errors only), "debug" (everything, every library's included), "warning" or "error"."""
