@@ -23,7 +23,9 @@ from agents import (
     set_tracing_disabled,
 )
 
-from app.demo.weather import CHECK_CITY, CHECK_PROMPT, CHECK_RESULT, TOOL_DESCRIPTION, agents_example
+from app.demo.tenant import DemoAccess
+from app.demo.weather import CHECK_CITY, CHECK_PROMPT, CHECK_RESULT, TOOL_DESCRIPTION
+from app.serve import AGENTS_EXAMPLE_BEGIN, AGENTS_EXAMPLE_END, banner
 from tests.app.gateway_fixtures import TenantKey, make_tenant
 from tests.app.live_server import LiveServer, live_server
 
@@ -65,8 +67,10 @@ def test_the_agents_sdk_runs_a_tool_loop_on_both_its_models(weather_server) -> N
 
 def test_the_banner_example_runs_as_printed(weather_server, tmp_path: Path) -> None:
     server, tenant = weather_server
+    text = banner(server.url, "SmolLM2-135M-Instruct", DemoAccess(api_key=tenant.key, adapters=(WEATHER_ADAPTER,)))
+    example = text[text.index(AGENTS_EXAMPLE_BEGIN) : text.index(AGENTS_EXAMPLE_END)]
     program = tmp_path / "agent.py"
-    program.write_text(agents_example(server.url, tenant.key, WEATHER_ADAPTER))
+    program.write_text(example)
     result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert CHECK_RESULT in result.stdout and CHECK_CITY in result.stdout, result.stdout
+    assert result.stdout.strip() in text, result.stdout  # what the banner says it prints

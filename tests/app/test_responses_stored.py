@@ -166,7 +166,7 @@ async def test_expired_responses_are_invisible_and_swept(gateway_settings, defau
         assert await gateway.responses.store.sweep() == 1
         async with gateway.database.sessions() as session:
             assert await session.scalar(select(func.count()).select_from(StoredResponse)) == 1
-        stored = await session.get(StoredResponse, ids[1])
+            stored = await session.get(StoredResponse, ids[1])
         retention = stored.expires_at - stored.created_at
         assert abs(retention - timedelta(days=gateway_settings.response_retention_days)) < timedelta(seconds=5)
 
