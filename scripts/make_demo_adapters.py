@@ -1,18 +1,21 @@
-"""Train the small demo LoRA adapters on the CPU: one answers like a pirate, one answers in French.
+"""Train the small demo LoRA adapters on the CPU: one answers like a pirate, one in French, one calls a weather tool.
 
 Each adapter learns from a few dozen hand-written chat examples (below), chat-templated with the model's
-tokenizer, with the loss on the assistant's reply only. The LoRA (rank 8, every projection) sits on the top
+tokenizer, with the loss on the assistant's reply only. The weather adapter's conversations (app/demo/weather.py)
+offer it a ``get_weather`` tool and are rendered as the server renders a request with tools (the shipped tool
+template): it learns to answer a weather question with a call in the default format, a call's result with an
+answer that gives it, and anything else in text. The LoRA (rank 8, every projection) sits on the top
 layers of the model only: the layers below carry no LoRA, so their output for each example is computed once and
-reused every epoch, which makes training a few times cheaper than a full forward per step. Both adapters are
+reused every epoch, which makes training a few times cheaper than a full forward per step. The adapters are
 saved as PEFT folders (adapter_config.json + adapter_model.safetensors), checked with the engine's own loader,
 and one question is answered by the base model and by each adapter (greedy) so the difference shows at once.
 
 Training is seeded (--seed), so a run repeats. Once trained, each adapter answers its check prompt greedily (at
 temperature 0) and must pass its check (app/demo/adapters.py: the French one in French, the pirate one as a
-pirate); one that fails is trained again from scratch with the next seed, and the log says so. The run fails
-when an adapter fails its check with every seed it tried.
+pirate, the weather one with a get_weather call for Paris); one that fails is trained again from scratch with the
+next seed, and the log says so. The run fails when an adapter fails its check with every seed it tried.
 
-    python scripts/make_demo_adapters.py                   # writes <LORAPLEX_HOME>/demo-adapters/{pirate,french}
+    python scripts/make_demo_adapters.py          # writes <LORAPLEX_HOME>/demo-adapters/{pirate,french,weather}
     python scripts/make_demo_adapters.py --out /tmp/demo --epochs 2 --no-check
 """
 
@@ -32,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from app.demo import weather
 from app.demo.adapters import DEMO_ADAPTERS, DemoAdapter
 from app.model_store import resolve_model
 from app.settings import Settings
@@ -110,6 +114,7 @@ FRENCH = [
     "Le plus grand animal du monde est la baleine bleue.",
 ]
 ADAPTERS = {"pirate": PIRATE, "french": FRENCH}  # each demo adapter's replies to QUESTIONS
+TOOL_ADAPTERS = {"weather": weather.training_conversations}  # each tool adapter's conversations with its tool
 
 
 class CheckFailedError(RuntimeError):
@@ -124,8 +129,9 @@ def main() -> int:
     model_folder = Path(args.model) if args.model else resolve_model(settings.model, settings.home)
     out = Path(args.out) if args.out else settings.home / "demo-adapters"
     demos = {demo.name: demo for demo in DEMO_ADAPTERS}
-    if set(demos) != set(ADAPTERS):
-        raise ValueError(f"training examples for {sorted(ADAPTERS)} but demo adapters {sorted(demos)}")
+    names = [*ADAPTERS, *TOOL_ADAPTERS]
+    if set(demos) != set(names):
+        raise ValueError(f"training examples for {sorted(names)} but demo adapters {sorted(demos)}")
 
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
@@ -134,13 +140,16 @@ def main() -> int:
     first_lora_layer = max(0, num_layers - args.lora_layers)
     config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
                         layers_to_transform=list(range(first_lora_layer, num_layers)))
-    peft_model = get_peft_model(lm, config, adapter_name=next(iter(ADAPTERS)))
-    for name in list(ADAPTERS)[1:]:
+    peft_model = get_peft_model(lm, config, adapter_name=names[0])
+    for name in names[1:]:
         peft_model.add_adapter(name, config)
     started, cpu_started = time.perf_counter(), time.process_time()
     try:
-        for name, answers in ADAPTERS.items():
-            examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, answers, strict=True)]
+        for name in names:
+            if name in ADAPTERS:
+                examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, ADAPTERS[name], strict=True)]
+            else:
+                examples = [encode_tool_chat(tokenizer, m, reply) for m, reply in TOOL_ADAPTERS[name]()]
             train_checked(peft_model, tokenizer, examples, first_lora_layer, args, demos[name])
     except CheckFailedError as error:
         logger.error("%s", error)
@@ -149,15 +158,15 @@ def main() -> int:
 
     peft_model.save_pretrained(out)  # adapters not named "default" go to out/<name>
     model_config = ModelConfig.from_folder(model_folder)
-    for name in ADAPTERS:
+    for name in names:
         adapter = load_lora_adapter(out / name, model_config)
         logger.info("saved %s: %d parameters, digest %s", out / name, adapter.num_params, adapter.digest[:12])
 
-    sys.stdout.write(f"\nTrained {len(ADAPTERS)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
+    sys.stdout.write(f"\nTrained {len(names)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
                      f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n")
     with peft_model.disable_adapter():
         sys.stdout.write(f"base:   {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
-    for name in ADAPTERS:
+    for name in names:
         peft_model.set_adapter(name)
         sys.stdout.write(f"{name + ':':7} {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
     return 0
@@ -174,7 +183,7 @@ def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
         train(peft_model, examples, first_lora_layer, args, seed, desc=f"{demo.name} (seed {seed})")
         if args.no_check:
             return
-        reply = answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
+        reply = check_answer(peft_model, tokenizer, demo)
         if demo.passes(reply):
             logger.info("%s passes its check with seed %d: %r answers %r", demo.name, seed, demo.check_prompt, reply)
             return
@@ -219,6 +228,15 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, question: str, reply: str) -
         raise ValueError("the chat template does not render the prompt as the start of the exchange, so the reply "
                          "tokens cannot be told apart; use a model whose template appends each message")
     return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids):]
+
+
+def encode_tool_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
+                     reply: str) -> tuple[list[int], list[int]]:
+    """Token ids of the conversation as the server renders it with the tool offered, then ``reply`` and the end of
+    the turn; labels IGNORE except on the reply and its end (so the adapter learns to stop after a call)."""
+    prompt_ids = tokenizer(weather.prompt_text(messages), add_special_tokens=False).input_ids
+    reply_ids = tokenizer(reply + tokenizer.eos_token, add_special_tokens=False).input_ids
+    return prompt_ids + reply_ids, [IGNORE] * len(prompt_ids) + reply_ids
 
 
 def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
@@ -280,9 +298,22 @@ def layers_only(lm: nn.Module, start: int, stop: int, final_norm: bool) -> Itera
         inner.layers, inner.norm = layers, norm
 
 
+def check_answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, demo: DemoAdapter) -> str:
+    """The active adapter's greedy answer to ``demo``'s check prompt (rendered with its tools, if it has any)."""
+    if not demo.tools:
+        return answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
+    prompt = weather.prompt_text([{"role": "user", "content": demo.check_prompt}])
+    return generate(peft_model, tokenizer, prompt, CHECK_MAX_NEW_TOKENS)
+
+
 def answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, question: str, max_new_tokens: int) -> str:
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                            tokenize=False)
+    return generate(peft_model, tokenizer, prompt, max_new_tokens)
+
+
+def generate(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
+    """The greedy continuation of ``prompt``, on one line."""
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids  # [1, prompt_len]
     with torch.no_grad():
         out = peft_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,

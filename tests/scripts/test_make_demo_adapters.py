@@ -33,7 +33,7 @@ def test_smoke_run_writes_two_loadable_adapters_and_answers(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines if line.startswith(("base:", "pirate:", "french:"))] == [
-        "base", "pirate", "french"]
+        "base", "pirate", "french", "weather"]
     config = ModelConfig.from_folder(model)
     pirate, french = load_lora_adapter(out / "pirate", config), load_lora_adapter(out / "french", config)
     assert pirate.ranks == french.ranks == {m: 8 for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
