@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
@@ -38,8 +39,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from app.demo import weather
 from app.demo.adapters import DEMO_ADAPTERS, DemoAdapter
 from app.model_store import resolve_model
+from app.openai.schemas import ChatCompletionRequest
+from app.openai.tool_prompts import template_messages, template_tools
 from app.settings import Settings
 from engine.config import ModelConfig
+from app.tool_calls.templates import ChatTemplate
 from engine.lora_adapter import load_lora_adapter
 
 logger = logging.getLogger("make_demo_adapters")
@@ -234,9 +238,17 @@ def encode_tool_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
                      reply: str) -> tuple[list[int], list[int]]:
     """Token ids of the conversation as the server renders it with the tool offered, then ``reply`` and the end of
     the turn; labels IGNORE except on the reply and its end (so the adapter learns to stop after a call)."""
-    prompt_ids = tokenizer(weather.prompt_text(messages), add_special_tokens=False).input_ids
+    prompt_ids = tokenizer(tool_prompt_text(messages), add_special_tokens=False).input_ids
     reply_ids = tokenizer(reply + tokenizer.eos_token, add_special_tokens=False).input_ids
     return prompt_ids + reply_ids, [IGNORE] * len(prompt_ids) + reply_ids
+
+
+def tool_prompt_text(messages: list[dict]) -> str:
+    """The prompt the server renders for ``messages`` with the weather tool offered and ``tool_choice`` auto: the
+    shipped tool template, fed as the chat route feeds it, so training sees exactly what serving sends."""
+    body = msgspec.convert({"model": "weather", "messages": messages, "tools": [weather.CHAT_TOOL]},
+                           ChatCompletionRequest)
+    return ChatTemplate.shipped().render(template_messages(body), template_tools(body))
 
 
 def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
@@ -302,7 +314,7 @@ def check_answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, demo
     """The active adapter's greedy answer to ``demo``'s check prompt (rendered with its tools, if it has any)."""
     if not demo.tools:
         return answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
-    prompt = weather.prompt_text([{"role": "user", "content": demo.check_prompt}])
+    prompt = tool_prompt_text([{"role": "user", "content": demo.check_prompt}])
     return generate(peft_model, tokenizer, prompt, CHECK_MAX_NEW_TOKENS)
 
 

@@ -12,12 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import msgspec
-
-from app.openai.schemas import ChatCompletionRequest
-from app.openai.tool_prompts import template_messages, template_tools
-from app.tool_calls.templates import ChatTemplate
-
 TOOL_NAME = "get_weather"
 TOOL_DESCRIPTION = "The weather in a city."
 TOOL_PARAMETERS: dict[str, Any] = {
@@ -150,11 +144,3 @@ agent = Agent(
 print(asyncio.run(Runner.run(agent, "{CHECK_PROMPT}")).final_output)
 '''
 
-
-def prompt_text(messages: list[dict[str, Any]]) -> str:
-    """The prompt the server renders for ``messages`` with the tool offered and ``tool_choice`` auto: the shipped
-    tool template, fed as the chat route feeds it (so training sees exactly what serving sends the model)."""
-    body = msgspec.convert(
-        {"model": "weather", "messages": messages, "tools": [CHAT_TOOL]}, ChatCompletionRequest, strict=False
-    )
-    return ChatTemplate.shipped().render(template_messages(body), template_tools(body))

@@ -24,6 +24,8 @@ from app.stored_responses.store import Conversation, ResponseStore
 from app.web.errors import BadRequestError, NotFoundError
 
 DEFAULT_LISTED_ITEMS = 20  # OpenAI's default page of input items
+CHAT_PARAMS = {"response_format": "text", "messages": "input", "max_tokens": "max_output_tokens"}
+"""Chat's names of the parameters a Responses request names otherwise."""
 
 
 @dataclass(slots=True)
@@ -41,7 +43,11 @@ class ResponsesService:
             previous = await self._stored(principal, body.previous_response_id, "previous_response_id")
             conversation = [*previous.input_items, *previous.output_items, *new_items]
         chat = as_chat(body, conversation)
-        reply, first, outputs = await self.runner.start_chat(principal, chat, request_id, "responses", "resp_")
+        try:
+            reply, first, outputs = await self.runner.start_chat(principal, chat, request_id, "responses", "resp_")
+        except BadRequestError as error:
+            error.param = CHAT_PARAMS.get(error.param or "", error.param)  # named as this request names it
+            raise
         store = body.store is not False
 
         async def finished(response: ResponseObject) -> None:
