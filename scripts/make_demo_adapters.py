@@ -42,8 +42,8 @@ from app.model_store import resolve_model
 from app.openai.schemas import ChatCompletionRequest
 from app.openai.tool_prompts import template_messages, template_tools
 from app.settings import Settings
-from engine.config import ModelConfig
 from app.tool_calls.templates import ChatTemplate
+from engine.config import ModelConfig
 from engine.lora_adapter import load_lora_adapter
 
 logger = logging.getLogger("make_demo_adapters")

@@ -143,4 +143,3 @@ agent = Agent(
 )
 print(asyncio.run(Runner.run(agent, "{CHECK_PROMPT}")).final_output)
 '''
-
