@@ -55,14 +55,19 @@ def test_the_agents_sdk_runs_a_tool_loop_on_both_its_models(weather_server) -> N
     server, tenant = weather_server
     set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=tenant.key, max_retries=0)
-    for model in (
-        OpenAIChatCompletionsModel(WEATHER_ADAPTER, client),
-        OpenAIResponsesModel(WEATHER_ADAPTER, client),
+    for model, chained in (
+        (OpenAIChatCompletionsModel(WEATHER_ADAPTER, client), False),
+        (OpenAIResponsesModel(WEATHER_ADAPTER, client), False),
+        (OpenAIResponsesModel(WEATHER_ADAPTER, client), True),  # the second turn continues the stored first
     ):
         calls: list[str] = []
-        result = asyncio.run(Runner.run(_agent(model, calls), CHECK_PROMPT, max_turns=3))
-        assert calls == [CHECK_CITY], type(model).__name__  # called once, with its one argument valid
-        assert CHECK_RESULT in result.final_output, (type(model).__name__, result.final_output)
+        run = Runner.run(_agent(model, calls), CHECK_PROMPT, max_turns=3, auto_previous_response_id=chained)
+        result = asyncio.run(run)
+        what = (type(model).__name__, chained, result.final_output)
+        assert calls == [CHECK_CITY], what  # called once, with its one argument valid
+        assert CHECK_RESULT in result.final_output, what
+        if chained:
+            assert result.last_response_id is not None
 
 
 def test_the_banner_example_runs_as_printed(weather_server, tmp_path: Path) -> None:
