@@ -8,11 +8,13 @@ the caller's tenant: another tenant's response id is the same 404 as an unknown 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.keys.authenticator import Principal
 from app.openai.responses import ResponseShape, whole_response
@@ -21,7 +23,9 @@ from app.openai.responses_schemas import DeletedResponse, InputItemList, Respons
 from app.openai.responses_stream import response_events
 from app.openai.service import OpenAIService, last_outputs
 from app.stored_responses.store import Conversation, ResponseStore
-from app.web.errors import BadRequestError, NotFoundError
+from app.web.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_LISTED_ITEMS = 20  # OpenAI's default page of input items
 CHAT_PARAMS = {"response_format": "text", "messages": "input", "max_tokens": "max_output_tokens"}
@@ -51,9 +55,17 @@ class ResponsesService:
         store = body.store is not False
 
         async def finished(response: ResponseObject) -> None:
-            if store:
-                record = msgspec.to_builtins(response)
+            if not store:
+                return
+            record = msgspec.to_builtins(response)
+            try:
                 await self.store.save(principal.tenant_id, record, conversation, body.previous_response_id)
+            except (SQLAlchemyError, OSError) as error:
+                logger.error("response %s could not be stored: %s", response.id, error)
+                raise ServiceUnavailableError(
+                    f"The response was generated but could not be stored (request id {request_id}); retry, or send "
+                    "`store: false` to get it without storing it."
+                ) from None
 
         shape = ResponseShape(reply, body, store)
         if body.stream:
