@@ -40,13 +40,30 @@ DEMO_QUESTION = "What is the capital of France?"  # held out: the examples ask a
 IGNORE = -100  # label of tokens that carry no loss (the prompt and the padding)
 
 QUESTIONS = [
-    "Why is the sky blue?", "How do I boil an egg?", "What is the capital of Italy?",
-    "Can you recommend a good book?", "How do I stay healthy?", "What is your favourite food?",
-    "How far away is the moon?", "What time should I go to bed?", "How do I make friends?",
-    "What is the weather like today?", "Tell me about cats.", "How do I learn to swim?",
-    "What is two plus two?", "Why do birds sing?", "How do I fix a flat tyre?", "What is music?",
-    "Where does rain come from?", "How do I save money?", "What is the ocean made of?", "Tell me a fun fact.",
-    "How do plants grow?", "What is a computer?", "How can I be more productive?", "What is the biggest animal?",
+    "Why is the sky blue?",
+    "How do I boil an egg?",
+    "What is the capital of Italy?",
+    "Can you recommend a good book?",
+    "How do I stay healthy?",
+    "What is your favourite food?",
+    "How far away is the moon?",
+    "What time should I go to bed?",
+    "How do I make friends?",
+    "What is the weather like today?",
+    "Tell me about cats.",
+    "How do I learn to swim?",
+    "What is two plus two?",
+    "Why do birds sing?",
+    "How do I fix a flat tyre?",
+    "What is music?",
+    "Where does rain come from?",
+    "How do I save money?",
+    "What is the ocean made of?",
+    "Tell me a fun fact.",
+    "How do plants grow?",
+    "What is a computer?",
+    "How can I be more productive?",
+    "What is the biggest animal?",
 ]
 PIRATE = [
     "Arr, matey! The sky be blue because the sun's light scatters in the air, like sea spray on the wind!",
@@ -116,8 +133,13 @@ def main() -> int:
     lm = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
     num_layers = lm.config.num_hidden_layers
     first_lora_layer = max(0, num_layers - args.lora_layers)
-    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
-                        layers_to_transform=list(range(first_lora_layer, num_layers)))
+    config = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        layers_to_transform=list(range(first_lora_layer, num_layers)),
+    )
     peft_model = get_peft_model(lm, config, adapter_name=next(iter(ADAPTERS)))
     for name in list(ADAPTERS)[1:]:
         peft_model.add_adapter(name, config)
@@ -134,8 +156,10 @@ def main() -> int:
         adapter = load_lora_adapter(out / name, model_config)
         logger.info("saved %s: %d parameters, digest %s", out / name, adapter.num_params, adapter.digest[:12])
 
-    sys.stdout.write(f"\nTrained {len(ADAPTERS)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
-                     f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n")
+    sys.stdout.write(
+        f"\nTrained {len(ADAPTERS)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
+        f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n"
+    )
     with peft_model.disable_adapter():
         sys.stdout.write(f"base:   {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
     for name in ADAPTERS:
@@ -167,13 +191,20 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, question: str, reply: str) -
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     ids = tokenizer(full, add_special_tokens=False).input_ids
     if ids[: len(prompt_ids)] != prompt_ids:
-        raise ValueError("the chat template does not render the prompt as the start of the exchange, so the reply "
-                         "tokens cannot be told apart; use a model whose template appends each message")
-    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids):]
+        raise ValueError(
+            "the chat template does not render the prompt as the start of the exchange, so the reply "
+            "tokens cannot be told apart; use a model whose template appends each message"
+        )
+    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids) :]
 
 
-def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
-          args: argparse.Namespace, desc: str) -> None:
+def train(
+    peft_model: PeftModel,
+    examples: list[tuple[list[int], list[int]]],
+    first_lora_layer: int,
+    args: argparse.Namespace,
+    desc: str,
+) -> None:
     """AdamW on the active adapter; the layers below ``first_lora_layer`` run once per example, not per step."""
     lm = peft_model.get_base_model()
     with layers_only(lm, 0, first_lora_layer, final_norm=False), torch.no_grad():
@@ -189,7 +220,7 @@ def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], fi
         for step in range(total):
             if step % batches_per_epoch == 0:
                 rng.shuffle(order)
-            batch = order[(step % batches_per_epoch) * args.batch_size:][: args.batch_size]
+            batch = order[(step % batches_per_epoch) * args.batch_size :][: args.batch_size]
             loss = reply_loss(lm, [lower[i] for i in batch], [examples[i][1] for i in batch])
             loss.backward()
             optimizer.step()
@@ -232,13 +263,19 @@ def layers_only(lm: nn.Module, start: int, stop: int, final_norm: bool) -> Itera
 
 
 def answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, question: str, max_new_tokens: int) -> str:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                           tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids  # [1, prompt_len]
     with torch.no_grad():
-        out = peft_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip().replace("\n", " ")
+        out = peft_model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip().replace("\n", " ")
 
 
 if __name__ == "__main__":
