@@ -38,7 +38,7 @@ SUBJECTS = [
     ("a song", ["title", "artist", "year"]),
     ("a company", ["name", "founded", "employees"]),
 ]
-MAX_TOKENS = 160  # room for three short fields with indentation
+MAX_TOKENS = 96  # room for three short fields with indentation
 
 
 def prompts() -> list[tuple[str, list[str]]]:
@@ -55,9 +55,9 @@ def holds_fields(text: str | None, fields: list[str]) -> bool:
     return isinstance(value, dict) and all(field in value for field in fields)
 
 
-def run_openai(client, model: str, seed: int) -> list[tuple[bool, str]]:
+def run_openai(client, model: str, seed: int, num_prompts: int) -> list[tuple[bool, str]]:
     results = []
-    for prompt, fields in prompts():
+    for prompt, fields in prompts()[:num_prompts]:
         response = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": prompt}],
@@ -71,13 +71,13 @@ def run_openai(client, model: str, seed: int) -> list[tuple[bool, str]]:
     return results
 
 
-def run_instructor(client, model: str, seed: int) -> list[tuple[bool, str]]:
+def run_instructor(client, model: str, seed: int, num_prompts: int) -> list[tuple[bool, str]]:
     import instructor
     from pydantic import create_model
 
     patched = instructor.from_openai(client, mode=instructor.Mode.JSON)
     results = []
-    for prompt, fields in prompts():
+    for prompt, fields in prompts()[:num_prompts]:
         answer_model = create_model("Answer", **{field: (str | int | float | list | None, ...) for field in fields})
         try:
             answer = patched.chat.completions.create(
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--client", choices=("openai", "instructor"), default="openai")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-prompts", type=int, default=len(SUBJECTS), help=f"at most {len(SUBJECTS)}")
     parser.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     client = OpenAI(base_url=f"{args.url}/v1", api_key=args.key, max_retries=0)
     run = run_instructor if args.client == "instructor" else run_openai
-    results = run(client, args.model, args.seed)
+    results = run(client, args.model, args.seed, args.num_prompts)
     for ok, text in results:
         logger.info("%s %s", "ok " if ok else "BAD", text.replace("\n", "\\n")[:160])
     share = sum(ok for ok, _ in results) / len(results)
