@@ -40,6 +40,8 @@ from app.services import Gateway
 from app.settings import Settings, SettingsError
 from app.stored_responses.store import ResponseStore
 from app.stored_responses.sweeper import ResponseSweeper
+from app.tool_calls.style import ChatStyle, base_chat_style
+from app.tool_calls.templates import ChatTemplateError
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
 
@@ -134,7 +136,14 @@ async def run_gateway(
         sweeper.start()
         stack.push_async_callback(sweeper.stop)
         openai = OpenAIService(
-            engine, resolver, writer, metrics, limiter, max_n=settings.max_n, max_prompts=settings.max_prompts
+            engine,
+            resolver,
+            writer,
+            metrics,
+            limiter,
+            max_n=settings.max_n,
+            max_prompts=settings.max_prompts,
+            base_style=_base_style(settings),
         )
         gateway = Gateway(
             settings=settings,
@@ -153,6 +162,13 @@ async def run_gateway(
             demo=demo,
         )
         yield gateway
+
+
+def _base_style(settings: Settings) -> ChatStyle:
+    try:
+        return base_chat_style(settings.chat_template, settings.tool_call_format)
+    except ChatTemplateError as error:
+        raise SettingsError(f"LORAPLEX_CHAT_TEMPLATE: {error}") from None
 
 
 def gateway_lifespan(

@@ -11,6 +11,7 @@ import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
+from app.tool_calls.formats import DEFAULT_FORMAT, FORMATS
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -20,6 +21,7 @@ DEFAULT_MAX_REQUEST_KB = 4096
 # Where the engine runs: on this machine ("local": a worker process of its own fed over a socket, also
 # spelled "process"; "thread": a thread of the gateway's process), or as replicas on Ray Serve ("ray").
 ENGINE_KINDS = ("local", "process", "thread", "ray")
+TOOL_CALL_FORMATS = (DEFAULT_FORMAT, *sorted(name for name in FORMATS if name != DEFAULT_FORMAT))  # the default first
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
 # budget are spending the tenant did not agree to).
@@ -126,6 +128,13 @@ class Settings:
     """How much is logged (LORAPLEX_LOG_LEVEL): "info" (loraplex's own lines, and other libraries' warnings and
     errors only), "debug" (everything, every library's included), "warning" or "error"."""
 
+    chat_template: Path | None = None
+    """A Jinja chat template file for the base model's chat requests with tools (LORAPLEX_CHAT_TEMPLATE); None:
+    the shipped ChatML template that renders tools and calls in the hermes format (docs/tools.md)."""
+
+    tool_call_format: str = "hermes"
+    """The base model's tool-call format (LORAPLEX_TOOL_CALL_FORMAT): hermes, llama3_json, mistral or pythonic."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -161,6 +170,10 @@ class Settings:
             response_retention_days=_int(env, "LORAPLEX_RESPONSE_RETENTION_DAYS", MAX_RESPONSE_RETENTION_DAYS)
             or DEFAULT_RESPONSE_RETENTION_DAYS,
             log_level=log_level_from_env(env),
+            chat_template=Path(env["LORAPLEX_CHAT_TEMPLATE"]).expanduser()
+            if env.get("LORAPLEX_CHAT_TEMPLATE")
+            else None,
+            tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
         )
 
 

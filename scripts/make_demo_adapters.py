@@ -57,13 +57,30 @@ CHECK_MAX_NEW_TOKENS = 32
 IGNORE = -100  # label of tokens that carry no loss (the prompt and the padding)
 
 QUESTIONS = [
-    "Why is the sky blue?", "How do I boil an egg?", "What is the capital of Italy?",
-    "Can you recommend a good book?", "How do I stay healthy?", "What is your favourite food?",
-    "How far away is the moon?", "What time should I go to bed?", "How do I make friends?",
-    "What is the weather like today?", "Tell me about cats.", "How do I learn to swim?",
-    "What is two plus two?", "Why do birds sing?", "How do I fix a flat tyre?", "What is music?",
-    "Where does rain come from?", "How do I save money?", "What is the ocean made of?", "Tell me a fun fact.",
-    "How do plants grow?", "What is a computer?", "How can I be more productive?", "What is the biggest animal?",
+    "Why is the sky blue?",
+    "How do I boil an egg?",
+    "What is the capital of Italy?",
+    "Can you recommend a good book?",
+    "How do I stay healthy?",
+    "What is your favourite food?",
+    "How far away is the moon?",
+    "What time should I go to bed?",
+    "How do I make friends?",
+    "What is the weather like today?",
+    "Tell me about cats.",
+    "How do I learn to swim?",
+    "What is two plus two?",
+    "Why do birds sing?",
+    "How do I fix a flat tyre?",
+    "What is music?",
+    "Where does rain come from?",
+    "How do I save money?",
+    "What is the ocean made of?",
+    "Tell me a fun fact.",
+    "How do plants grow?",
+    "What is a computer?",
+    "How can I be more productive?",
+    "What is the biggest animal?",
 ]
 PIRATE = [
     "Arr, matey! The sky be blue because the sun's light scatters in the air, like sea spray on the wind!",
@@ -142,8 +159,13 @@ def main() -> int:
     lm = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
     num_layers = lm.config.num_hidden_layers
     first_lora_layer = max(0, num_layers - args.lora_layers)
-    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
-                        layers_to_transform=list(range(first_lora_layer, num_layers)))
+    config = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        layers_to_transform=list(range(first_lora_layer, num_layers)),
+    )
     peft_model = get_peft_model(lm, config, adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, config)
@@ -166,8 +188,10 @@ def main() -> int:
         adapter = load_lora_adapter(out / name, model_config)
         logger.info("saved %s: %d parameters, digest %s", out / name, adapter.num_params, adapter.digest[:12])
 
-    sys.stdout.write(f"\nTrained {len(names)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
-                     f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n")
+    sys.stdout.write(
+        f"\nTrained {len(names)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
+        f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n"
+    )
     with peft_model.disable_adapter():
         sys.stdout.write(f"base:   {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
     for name in names:
@@ -176,9 +200,14 @@ def main() -> int:
     return 0
 
 
-def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
-                  examples: list[tuple[list[int], list[int]]], first_lora_layer: int, args: argparse.Namespace,
-                  demo: DemoAdapter) -> None:
+def train_checked(
+    peft_model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[tuple[list[int], list[int]]],
+    first_lora_layer: int,
+    args: argparse.Namespace,
+    demo: DemoAdapter,
+) -> None:
     """Train ``demo``'s adapter from a fresh start with each seed in turn until it passes its check."""
     peft_model.set_adapter(demo.name)  # only this adapter is active and trainable
     seeds = [args.seed] if args.no_check else range(args.seed, args.seed + SEEDS_PER_ADAPTER)
@@ -191,8 +220,15 @@ def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
         if demo.passes(reply):
             logger.info("%s passes its check with seed %d: %r answers %r", demo.name, seed, demo.check_prompt, reply)
             return
-        logger.warning("%s fails its check with seed %d: %r answers %r, without all of %s; training it again with "
-                       "seed %d", demo.name, seed, demo.check_prompt, reply, demo.required_words, seed + 1)
+        logger.warning(
+            "%s fails its check with seed %d: %r answers %r, without all of %s; training it again with seed %d",
+            demo.name,
+            seed,
+            demo.check_prompt,
+            reply,
+            demo.required_words,
+            seed + 1,
+        )
     raise CheckFailedError(f"the {demo.name} adapter failed its check with seeds {seeds[0]} to {seeds[-1]}")
 
 
@@ -216,8 +252,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--question", default=DEMO_QUESTION, help="the question all three models answer at the end")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0, help="first seed of each adapter's training")
-    parser.add_argument("--no-check", action="store_true",
-                        help="train once with --seed and skip the checks (for smoke runs on tiny models)")
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="train once with --seed and skip the checks (for smoke runs on tiny models)",
+    )
     return parser.parse_args()
 
 
@@ -229,13 +268,16 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, question: str, reply: str) -
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     ids = tokenizer(full, add_special_tokens=False).input_ids
     if ids[: len(prompt_ids)] != prompt_ids:
-        raise ValueError("the chat template does not render the prompt as the start of the exchange, so the reply "
-                         "tokens cannot be told apart; use a model whose template appends each message")
-    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids):]
+        raise ValueError(
+            "the chat template does not render the prompt as the start of the exchange, so the reply "
+            "tokens cannot be told apart; use a model whose template appends each message"
+        )
+    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids) :]
 
 
-def encode_tool_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
-                     reply: str) -> tuple[list[int], list[int]]:
+def encode_tool_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], reply: str
+) -> tuple[list[int], list[int]]:
     """Token ids of the conversation as the server renders it with the tool offered, then ``reply`` and the end of
     the turn; labels IGNORE except on the reply and its end (so the adapter learns to stop after a call)."""
     prompt_ids = tokenizer(tool_prompt_text(messages), add_special_tokens=False).input_ids
@@ -246,13 +288,20 @@ def encode_tool_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
 def tool_prompt_text(messages: list[dict]) -> str:
     """The prompt the server renders for ``messages`` with the weather tool offered and ``tool_choice`` auto: the
     shipped tool template, fed as the chat route feeds it, so training sees exactly what serving sends."""
-    body = msgspec.convert({"model": "weather", "messages": messages, "tools": [weather.CHAT_TOOL]},
-                           ChatCompletionRequest)
+    body = msgspec.convert(
+        {"model": "weather", "messages": messages, "tools": [weather.CHAT_TOOL]}, ChatCompletionRequest
+    )
     return ChatTemplate.shipped().render(template_messages(body), template_tools(body))
 
 
-def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
-          args: argparse.Namespace, seed: int, desc: str) -> None:
+def train(
+    peft_model: PeftModel,
+    examples: list[tuple[list[int], list[int]]],
+    first_lora_layer: int,
+    args: argparse.Namespace,
+    seed: int,
+    desc: str,
+) -> None:
     """AdamW on the active adapter; the layers below ``first_lora_layer`` run once per example, not per step."""
     lm = peft_model.get_base_model()
     with layers_only(lm, 0, first_lora_layer, final_norm=False), torch.no_grad():
@@ -268,7 +317,7 @@ def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], fi
         for step in range(total):
             if step % batches_per_epoch == 0:
                 rng.shuffle(order)
-            batch = order[(step % batches_per_epoch) * args.batch_size:][: args.batch_size]
+            batch = order[(step % batches_per_epoch) * args.batch_size :][: args.batch_size]
             loss = reply_loss(lm, [lower[i] for i in batch], [examples[i][1] for i in batch])
             loss.backward()
             optimizer.step()
@@ -319,8 +368,9 @@ def check_answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, demo
 
 
 def answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, question: str, max_new_tokens: int) -> str:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                           tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
     return generate(peft_model, tokenizer, prompt, max_new_tokens)
 
 
@@ -328,9 +378,14 @@ def generate(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompt: 
     """The greedy continuation of ``prompt``, on one line."""
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids  # [1, prompt_len]
     with torch.no_grad():
-        out = peft_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip().replace("\n", " ")
+        out = peft_model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip().replace("\n", " ")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.tool_calls.pythonic_grammar import arguments_grammar
+from engine.grammar import MAX_JSON_WHITESPACE
 
-MAX_WHITESPACE = 4  # consecutive whitespace characters allowed in tool arguments (a small model can loop on it)
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 _NAME = r"(?P<name>[a-zA-Z0-9_-]{1,64})"
 
@@ -102,19 +102,22 @@ class ToolCallFormat:
     def _arguments_content(self, tool: ToolSpec) -> dict[str, Any]:
         if self.arguments_style == "python":
             return {"type": "grammar", "grammar": arguments_grammar(tool.parameters)}
-        return {"type": "json_schema", "json_schema": tool.parameters, "max_whitespace_cnt": MAX_WHITESPACE}
+        return {"type": "json_schema", "json_schema": tool.parameters, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
     def structural_tag_text(self, tools: list[ToolSpec], *, parallel: bool) -> str:
         """The structural tag as compact JSON (the grammar cache's key)."""
         return json.dumps(self.structural_tag(tools, parallel=parallel), separators=(",", ":"))
 
     def compiled_patterns(self) -> tuple[re.Pattern[str], ...]:
-        """The parser's regexes, compiled: group opening, call opening, call closing, separator, group closing."""
+        """The parser's regexes, compiled: group opening, call opening, call closing, separator, group closing.
+
+        A call may open after whitespace: a separator's trailing whitespace can arrive after the separator.
+        """
         return tuple(
             re.compile(pattern, re.DOTALL)
             for pattern in (
                 self.group_opening,
-                self.call_opening,
+                r"\s*" + self.call_opening,
                 self.call_closing,
                 self.separator_pattern,
                 self.group_closing,
