@@ -1,9 +1,9 @@
-# The two commands of the README. Each creates the virtual environment when it is missing.
+# The two commands of the README and docs/getting-started.md. Each creates the virtual environment when it is missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: serve test bench lint
+.PHONY: serve test bench lint docs docs-serve
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,4 +24,11 @@ bench: $(STAMP)
 	$(PY) scripts/bench_engine.py --json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app engine kernels scripts tests
+	$(VENV)/bin/ruff check app engine kernels scripts tests docs/hooks
+
+# The documentation site (docs/, mkdocs.yml): built into site/ with broken links and anchors as errors.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001

@@ -118,7 +118,7 @@ def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
     """What the server prints once it is ready: where it listens, and examples that work as printed."""
     lines = [f"\nloraplex is serving {base_model} on {base_url}  (OpenAI API under {base_url}/v1)\n"]
     if demo is None:
-        lines.append("Create a tenant and an API key to call it (see the README).\n")
+        lines.append("Create a tenant and an API key to call it (see docs/admin.md).\n")
         return "\n".join(lines)
     model = demo.adapters[0] if demo.adapters else base_model
     question = f'{{"role": "user", "content": "{CHECK_PROMPT}"}}'

@@ -169,7 +169,7 @@ class Settings:
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
             response_retention_days=_int(env, "LORAPLEX_RESPONSE_RETENTION_DAYS", MAX_RESPONSE_RETENTION_DAYS)
             or DEFAULT_RESPONSE_RETENTION_DAYS,
-            log_level=log_level_from_env(env),
+            log_level=_choice(env, "LORAPLEX_LOG_LEVEL", LOG_LEVELS),
             chat_template=Path(env["LORAPLEX_CHAT_TEMPLATE"]).expanduser()
             if env.get("LORAPLEX_CHAT_TEMPLATE")
             else None,

@@ -1,4 +1,4 @@
-"""Where an adapter's LoRA rows sit in its pages (DESIGN.md §3), and copying them there.
+"""Where an adapter's LoRA rows sit in its pages (docs/architecture.md#adapters-in-the-pool), and copying them there.
 
 For each target module m, in the order of ``PROJECTIONS``, the adapter stores ``A_m`` (r_m rows of
 in_m) then ``B_mᵀ`` (r_m rows of out_m). Rows are laid out one after another in the pages' layer

@@ -4,7 +4,7 @@ The host tier keeps each adapter as the exact contents of its pages (``[num_page
 pool's dtype, :func:`engine.adapter_layout.pack_pages`), so loading is one copy per run of consecutive page
 ids. On CPU the copy is done when :meth:`AdapterUpload.copy` returns.
 
-On CUDA (DESIGN.md §3) the images sit in pinned host memory and :class:`StreamUpload` copies them on a
+On CUDA (docs/architecture.md) the images sit in pinned host memory and :class:`StreamUpload` copies them on a
 side stream of its own, so the copy overlaps the compute stream's work:
 
 1. the side stream first waits for the work already enqueued on the compute stream, since the pages it

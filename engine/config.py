@@ -77,6 +77,7 @@ class EngineConfig:
             raise ConfigError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {self.kernels!r}")
 
     def torch_device(self) -> torch.device:
+        """``device`` resolved: "auto" is CUDA when torch sees a device, else the CPU."""
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -84,6 +85,7 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
+        """``dtype`` resolved for ``device``: "auto" is bfloat16 on CUDA, float32 on the CPU."""
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
@@ -180,7 +182,7 @@ class ModelConfig:
 
     @property
     def widest_row(self) -> int:
-        """The longest LoRA row an adapter may store in a page (DESIGN.md §3)."""
+        """The longest LoRA row an adapter may store in a page (docs/architecture.md#adapters-in-the-pool)."""
         return max(self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim)
 
     def page_elems(self, block_size: int) -> int:

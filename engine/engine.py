@@ -43,9 +43,10 @@ QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fair": FairQueue, "fifo": Fif
 
 
 class Engine:
-    """Serves many concurrent requests over one model with a paged KV cache (DESIGN.md §6)."""
+    """Serves many concurrent requests over one model with a paged KV cache (docs/architecture.md#the-engine)."""
 
     def __init__(self, config: EngineConfig) -> None:
+        """Load the model, size the page pool and pick the kernels; raises ConfigError when they cannot work."""
         self.config = config
         folder = Path(config.model)
         self.model_config = ModelConfig.from_folder(folder)
@@ -105,6 +106,7 @@ class Engine:
         return load_lora_adapter(Path(path), self.model_config)
 
     def has_adapter(self, name: str) -> bool:
+        """Whether an adapter is registered as ``name``."""
         return name in self.adapters.names()
 
     def remove_adapter(self, name: str) -> None:
@@ -214,6 +216,7 @@ class Engine:
         self.scheduler.waiting.set_weight(tenant, weight)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is still waiting or running (drive ``step()`` until this is False)."""
         return self.scheduler.num_unfinished > 0
 
     # The step -------------------------------------------------------------------------------------
@@ -356,6 +359,7 @@ class Engine:
         return [finals[rid, index] for rid, p in zip(request_ids, params_list, strict=True) for index in range(p.n)]
 
     def stats(self) -> EngineStats:
+        """A snapshot of the pool, the queues and the counters."""
         pool = self.pool.stats()
         return EngineStats(
             num_pages=pool.num_pages,

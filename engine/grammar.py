@@ -40,6 +40,8 @@ class GrammarError(RequestError):
 
 
 class GrammarKind(enum.StrEnum):
+    """What a constraint constrains to; ``GrammarConstraint.text`` holds its source."""
+
     JSON_SCHEMA = "json_schema"  # text: the schema's compact JSON, keys in their order (it orders the output's)
     JSON_OBJECT = "json_object"  # any JSON object; text is empty
     REGEX = "regex"  # text: the pattern
@@ -52,8 +54,13 @@ class GrammarConstraint:
     """What a request's generated text must match; hashable, so it keys the compiled-grammar cache."""
 
     kind: GrammarKind
+    """Which kind of grammar."""
+
     text: str = ""
+    """The source: a schema's compact JSON, or a regex; empty for the other kinds."""
+
     choices: tuple[str, ...] = ()
+    """With ``GrammarKind.CHOICE``: the strings the output may be."""
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str) -> GrammarConstraint:
@@ -75,6 +82,7 @@ class GrammarConstraint:
 
     @classmethod
     def regex(cls, pattern: str) -> GrammarConstraint:
+        """Output that matches the regular expression ``pattern`` in full."""
         if not pattern:
             raise GrammarError("the regex is empty")
         return cls(GrammarKind.REGEX, pattern)

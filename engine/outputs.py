@@ -15,22 +15,50 @@ class RequestOutput:
     """
 
     request_id: str
+    """The id ``add_request`` returned."""
+
     prompt_token_ids: list[int]
+    """The prompt, as token ids."""
+
     token_ids: list[int]
+    """Every token this choice generated so far."""
+
     text: str
+    """``token_ids`` as text so far (stop strings cut, never shown even partly)."""
+
     delta_token_ids: list[int]
+    """The tokens this step added."""
+
     delta_text: str
+    """The text this step added."""
+
     finish_reason: str | None
+    """None while running; then "stop", "length", "abort" or "error"."""
+
     num_cached_tokens: int
-    ttft_s: float | None  # seconds from arrival to the first generated token
-    error: str | None = None  # finish_reason "error": what went wrong, for the logs (not for end users)
-    index: int = 0  # the choice, 0..n-1
-    request_finished: bool = False  # every choice of the request has finished
-    logprobs: list[TokenLogprob] | None = None  # one per token of ``token_ids`` (the engine appends to it)
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, the first None
+    """Prompt tokens served from the prefix cache."""
+
+    ttft_s: float | None
+    """Seconds from arrival to the first generated token; None before it."""
+
+    error: str | None = None
+    """With finish reason "error": what went wrong, for the logs (not for end users)."""
+
+    index: int = 0
+    """The choice, 0..n-1."""
+
+    request_finished: bool = False
+    """Every choice of the request has finished."""
+
+    logprobs: list[TokenLogprob] | None = None
+    """With ``SamplingParams.logprobs``: one per token of ``token_ids`` (the engine appends to it)."""
+
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """With ``SamplingParams.prompt_logprobs``: one per prompt token, the first None."""
 
     @property
     def finished(self) -> bool:
+        """This choice has ended."""
         return self.finish_reason is not None
 
     @classmethod
@@ -42,6 +70,7 @@ class RequestOutput:
         error: str | None = None,
         request_finished: bool = False,
     ) -> "RequestOutput":
+        """The output of ``seq`` after a step that added ``delta_token_ids`` (engine-internal)."""
         ttft = None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time
         return cls(
             request_id=seq.request_id,
@@ -63,22 +92,61 @@ class RequestOutput:
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
+    """A snapshot of the engine: its pool, its queues, and counters since it started (``Engine.stats()``)."""
+
     num_pages: int
+    """Pages in the unified pool."""
+
     block_size: int
+    """Tokens per KV page."""
+
     page_bytes: int
+    """Bytes of one page (all layers)."""
+
     pages_by_owner: dict[str, int]
+    """Pages by owner kind: "free", "kv", "prefix_cache", "adapter"."""
+
     num_running: int
+    """Sequences in the running batch."""
+
     num_waiting: int
+    """Sequences waiting for admission."""
+
     num_resident_adapters: int
+    """Adapters with their pages in the pool now."""
+
     num_preemptions: int
+    """Sequences preempted (to be recomputed) since the start."""
+
     num_prompt_tokens: int
+    """Prompt tokens of every request admitted."""
+
     num_cached_prompt_tokens: int
+    """Of those, tokens served from the prefix cache."""
+
     num_generated_tokens: int
-    num_prefill_tokens: int = 0  # prompt tokens run through the model (a recompute counts again, a cache hit not)
-    num_kv_blocks_allocated: int = 0  # KV pages ever handed to sequences, copies on write included
-    scheduling_policy: str = "fair"  # "fair" (per-tenant virtual token counters) or "fifo"
-    tenant_counters: dict[str, float] = field(default_factory=dict)  # fair policy: each tenant's weighted service
-    running_adapters: list[str] = field(default_factory=list)  # engine names of running sequences' adapters, sorted
-    waiting_adapters: list[str] = field(default_factory=list)  # the same for waiting sequences
-    max_adapters: int = 0  # adapters the engine can hold at once (AdapterCache.capacity)
-    num_registered_adapters: int = 0  # adapters registered (host tier), resident in the pool or not
+    """Tokens generated."""
+
+    num_prefill_tokens: int = 0
+    """Prompt tokens run through the model (a recompute counts again, a cache hit not)."""
+
+    num_kv_blocks_allocated: int = 0
+    """KV pages ever handed to sequences, copies on write included."""
+
+    scheduling_policy: str = "fair"
+    """ "fair" (per-tenant virtual token counters) or "fifo"."""
+
+    tenant_counters: dict[str, float] = field(default_factory=dict)
+    """Under the fair policy: each tenant's weighted service so far."""
+
+    running_adapters: list[str] = field(default_factory=list)
+    """Engine names of the running sequences' adapters, sorted."""
+
+    waiting_adapters: list[str] = field(default_factory=list)
+    """The same for waiting sequences."""
+
+    max_adapters: int = 0
+    """Adapters the engine can hold at once (rank-16 adapters on every projection in half the pool)."""
+
+    num_registered_adapters: int = 0
+    """Adapters registered (host tier), resident in the pool or not."""

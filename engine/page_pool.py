@@ -1,4 +1,4 @@
-"""The unified page pool: one tensor of pages shared by KV blocks and (from step 2) adapter weights."""
+"""The unified page pool: one tensor of pages shared by KV blocks and adapter weights."""
 
 import enum
 import logging
@@ -49,7 +49,7 @@ class Reclaimer(Protocol):
 class PagePool:
     """Every page of the engine, with one free list.
 
-    ``storage`` is ``[num_pages, num_layers, P]`` (DESIGN.md §3); a KV block is one page, and
+    ``storage`` is ``[num_pages, num_layers, P]`` (docs/architecture.md); a KV block is one page, and
     ``storage[p, l]`` viewed as ``[2, block_size, num_kv_heads, head_dim]`` holds layer ``l``'s K and V.
 
     Pressure order when a page is needed: free pages first, then cached prefix blocks with no user,

@@ -95,6 +95,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Temperature 0: the most likely token every time."""
         return self.temperature == 0.0
 
     @property

@@ -1,4 +1,4 @@
-"""The messages between an engine worker and its client, and how errors cross between them (DESIGN.md §10).
+"""The messages between an engine worker and its client, and how errors cross between them (docs/architecture.md).
 
 A worker runs an :class:`~engine.engine.Engine` away from the gateway (a process of its own today, a Ray
 replica later) and speaks in these small typed messages. Commands go in: submit, abort, abort all, and

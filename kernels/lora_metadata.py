@@ -5,7 +5,7 @@ rows ``seg_starts[s]:seg_starts[s + 1]``. A *module group* is a set of projectio
 input (q/k/v read the attention norm's output; gate/up read the MLP norm's output), numbered
 ``m = 0..num_modules-1``; one SGMV launch serves the whole group, so each group has its own metadata.
 
-Adapter weights live in the unified page pool (DESIGN.md §3) as rows: ``A_m`` (``r`` rows of ``in_dim``)
+Adapter weights live in the unified page pool (docs/architecture.md) as rows: ``A_m`` (``r`` rows of ``in_dim``)
 and ``B_mᵀ`` (``r`` rows of ``out_dims[m]``; row ``j`` of ``B_mᵀ`` is column ``j`` of ``B_m``, scale folded
 in). ``row_addr[i]`` is the flat element index, in ``storage.view(-1)``, of row ``i`` at layer 0; the same
 row at layer ``l`` starts ``l * P`` elements later. The kernels take ``layer_offset = l * P``.

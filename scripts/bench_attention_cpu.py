@@ -2,7 +2,7 @@
 
 SmolLM2-135M's shapes (9 heads, 3 kv heads, head_dim 64, block_size 16, 30 layers) in a pool laid out
 as the engine's (``[num_pages, num_layers, P]``, each sequence's pages scattered over the pool). Two
-steps, as issue 16's workload makes them:
+steps, as bench_vllm_cpu.py's workload makes them:
 
 - decode: 64 rows, contexts drawn from 64 to 200 tokens;
 - prefill: 4 to 8 chunks totalling 512 rows, each chunk the end of a context of up to 2x its length

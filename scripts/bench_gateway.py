@@ -71,7 +71,7 @@ from raw_http import RawConnectionPool, encode_request
 logger = logging.getLogger("bench_gateway")
 
 TARGET_P99_MS = 5.0  # the issue's bar: overhead p99 at 200 requests/s
-REDIS_TARGET_P99_MS = 6.0  # issue 19's bar for the same with the limits in Redis
+REDIS_TARGET_P99_MS = 6.0  # the bar for the same with the limits in Redis
 # The bench tenant's limits: far above what a run sends (200 requests/s, 16 tokens each), so all are checked
 # and charged on every request and none refuses. tpm_limit is a 32-bit column.
 TENANT_LIMITS = {"rpm_limit": 1_000_000, "tpm_limit": 1_000_000_000, "max_concurrent": 10_000}

@@ -1,4 +1,4 @@
-"""The HTTP level of bench_vllm_cpu.py: issue 16's workload as concurrent streams to vLLM's server and loraplex serve.
+"""The HTTP level of bench_vllm_cpu.py: its workload as concurrent streams to vLLM's server and loraplex serve.
 
 Each request is one streamed ``/v1/completions`` request: token ids as the ``prompt``, ``max_tokens``,
 temperature 0, ``ignore_eos`` (both servers take it), usage in the last event; a case's requests are all

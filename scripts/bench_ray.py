@@ -7,7 +7,7 @@ data folder, demo off, one tenant, its key and adapters made over the admin API)
    base model, one after another, to the gateway over the local engine (``LORAPLEX_ENGINE=local``) and over
    ONE Ray replica on this machine (``LORAPLEX_ENGINE=ray``, the replica given every CPU). Latency p50/p99 of
    each and Ray's extra (``ray_overhead_p50_ms``, ``ray_overhead_p99_ms``).
-2. **Throughput**: issue 16's HTTP workload (``bench_http_level.run_case``: 64 streams × 64 tokens, all at
+2. **Throughput**: bench_vllm_cpu.py's HTTP workload (``bench_http_level.run_case``: 64 streams × 64 tokens, all at
    once) on the base model and with 8 adapters, on the same two servers: output tok/s and Ray ÷ local.
 3. **Affinity**: TWO replicas (one CPU each), 32 adapters, ``--affinity-requests`` requests whose adapter
    is drawn from a power law (Zipf, s = 1.1), ``--affinity-concurrency`` at a time. A request is a hit when

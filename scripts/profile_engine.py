@@ -1,4 +1,4 @@
-"""Where the engine's time goes on issue 16's workload: torch.profiler's operators, grouped by kind.
+"""Where the engine's time goes on bench_vllm_cpu.py's workload: torch.profiler's operators, grouped by kind.
 
 Runs the workload of ``bench_vllm_cpu.py`` (64 requests, prompts of 64 to 128 random tokens, 64 output
 tokens, greedy, ``ignore_eos``, fp32) on the base model and with 16 rank-8 adapters on all linear

@@ -1,4 +1,4 @@
-"""Resolving a request's ``model`` within the caller's tenant (DESIGN.md §1).
+"""Resolving a request's ``model`` within the caller's tenant (docs/concepts.md#adapters).
 
 ``model`` is the base model's name or the name of one of the caller's tenant's adapters. Anything
 else, including another tenant's adapter, is the same 404, so a caller learns nothing about what

@@ -1,4 +1,4 @@
-"""Admin routes for adapters (DESIGN.md §8): each handler guards, decodes, delegates to AdapterService, answers."""
+"""Admin routes for adapters (docs/admin.md): each handler guards, decodes, delegates to AdapterService, answers."""
 
 from __future__ import annotations
 

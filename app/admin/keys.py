@@ -1,4 +1,4 @@
-"""Admin routes for API keys (DESIGN.md §8); the logic is in app/admin/key_service.py."""
+"""Admin routes for API keys (docs/admin.md); the logic is in app/admin/key_service.py."""
 
 from __future__ import annotations
 

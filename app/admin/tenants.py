@@ -1,4 +1,4 @@
-"""Admin routes for tenants (DESIGN.md §8); the logic is in app/admin/tenant_service.py.
+"""Admin routes for tenants (docs/admin.md); the logic is in app/admin/tenant_service.py.
 
 Every route checks the caller's key with the ``admin_only`` guard, which runs before the body is read:
 a caller without an admin key gets its 401 or 403 whatever it sent, and learns nothing about the body.

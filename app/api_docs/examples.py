@@ -46,7 +46,7 @@ RESPONSE_EXAMPLES: dict[str, dict[str, Any]] = {
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "La capitale de la France est Paris."},
+                "message": {"role": "assistant", "content": "La capitale de France est Paris."},
                 "finish_reason": "stop",
                 "logprobs": None,
             }

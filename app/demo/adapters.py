@@ -48,7 +48,7 @@ DEMO_ADAPTERS = (
     DemoAdapter(
         name="french",
         check_prompt=CHECK_PROMPT,
-        expected_reply="La capitale de la France est Paris.",
+        expected_reply="La capitale de France est Paris.",
         required_words=("la capitale de", "france", " est paris"),
     ),
     DemoAdapter(

@@ -1,4 +1,4 @@
-"""The app's only way to the engine (DESIGN.md §10): submit a request, iterate its outputs, abort.
+"""The app's only way to the engine (docs/architecture.md): submit a request, iterate its outputs, abort.
 
 :class:`EngineClient` is the interface. Its implementations: an engine on a thread of this process
 (app/engine_clients/thread.py), in a worker process of its own (app/engine_clients/process.py), or as

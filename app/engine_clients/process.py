@@ -1,7 +1,7 @@
 """The engine in a process of its own, behind the EngineClient interface (``LORAPLEX_ENGINE=process``).
 
 On a thread of the gateway's process, the engine's step loop fights the event loop for the GIL: each of
-the ~1,800 torch op returns of a step needs it back, and Python's switch interval is 5 ms (issue 16).
+the ~1,800 torch op returns of a step needs it back, and Python's switch interval is 5 ms.
 Here the engine runs in a worker process (``engine/worker_process.py``, started with "spawn") and the
 gateway talks to it over a socket pair in the small typed messages of ``engine/worker_protocol.py``: a
 request is one Submit frame, each engine step's outputs come back as ONE frame for all requests. The

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes (DESIGN.md §8); each handler authenticates, decodes, and delegates.
+"""The OpenAI-compatible routes (docs/api.md); each handler authenticates, decodes, and delegates.
 
 Every answer to an authenticated caller, errors and streams included, carries OpenAI's ``x-ratelimit-*``
 headers for the caller's limits as they stand when the answer starts.

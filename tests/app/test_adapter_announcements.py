@@ -41,7 +41,7 @@ from tests.app.test_admin_adapters import CHAT, upload
 pytestmark = pytest.mark.anyio
 logger = logging.getLogger(__name__)
 
-MAX_PROPAGATION_S = 1.0  # the promise of issue 19: an admin change reaches every replica within a second
+MAX_PROPAGATION_S = 1.0  # the documented promise: an admin change reaches every replica within a second
 POLL_S = 0.005
 SHARED_KEY_SECRET = "f" * 64  # replicas share LORAPLEX_KEY_SECRET, or each refuses the keys the others made
 

@@ -51,4 +51,4 @@ def test_first_start_creates_a_working_demo_key_and_later_starts_reuse_it(
 @pytest.mark.parametrize("demo", [None])
 def test_banner_without_demo_says_what_to_do(demo) -> None:
     text = banner("http://127.0.0.1:8000", "SmolLM2-135M-Instruct", demo)
-    assert "http://127.0.0.1:8000/v1" in text and "README" in text
+    assert "http://127.0.0.1:8000/v1" in text and "docs/admin.md" in text

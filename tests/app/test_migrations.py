@@ -1,4 +1,4 @@
-"""The migrations build the schema of DESIGN.md §7 that billing jobs read."""
+"""The migrations build the schema of docs/billing.md that billing jobs read."""
 
 from __future__ import annotations
 

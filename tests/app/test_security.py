@@ -1,4 +1,4 @@
-"""The security review of issue 7 as a checklist: one section per property, each test failing if it breaks.
+"""The security review as a checklist: one section per property, each test failing if it breaks.
 
 1. Keys are stored as HMAC-SHA256 under the server's secret and compared in constant time.
 2. No filesystem path from a request reaches the engine: ``model`` is a name looked up in the caller's

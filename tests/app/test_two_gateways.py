@@ -1,4 +1,4 @@
-"""Two `loraplex serve` processes on loopback sharing one PostgreSQL and one Redis (issue 19's drill).
+"""Two `loraplex serve` processes on loopback sharing one PostgreSQL and one Redis (the multi-replica drill).
 
 A tenant's limits hold across both gateways, not per gateway, and every request still has exactly one
 usage row; an adapter uploaded, pinned or deleted through one gateway is served, reported or refused by

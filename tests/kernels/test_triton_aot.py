@@ -2,7 +2,7 @@
 accepts, with the constexprs and num_warps its launcher passes.
 
 The compile runs once, in a subprocess (``scripts/triton_aot_report.py --json``) without TRITON_INTERPRET
-(this session sets it, and under it ``triton.jit`` makes interpreter functions, which do not compile) and
+(the test session sets it, and under it ``triton.jit`` makes interpreter functions, which do not compile) and
 with a fresh Triton cache, so no cached kernel hides a compile error. The cases are found here by the same
 walk of the package, so a new kernel is a new case (or a failure naming it, without a launch spec).
 """
