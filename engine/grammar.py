@@ -6,8 +6,10 @@ repeated schema costs a dictionary lookup), and each constrained sequence gets a
 (an xgrammar matcher) that is advanced with every token the sequence takes. The per-step token mask
 built from those states is in ``engine/grammar_mask.py``.
 
-JSON is generated compact (no free whitespace between tokens): a small model given the choice can
-write whitespace until ``max_tokens`` runs out.
+JSON may hold whitespace where JSON allows it, as models write it (``{\n  "name": ...``), in runs of at
+most ``MAX_JSON_WHITESPACE`` characters: a grammar with no whitespace at all leaves a model that wants
+to write ``{\n`` only ``{}`` (docs/tools.md measures it), and one with unbounded runs lets a small
+model write whitespace until ``max_tokens`` runs out.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     import xgrammar
     from transformers import PreTrainedTokenizerBase
 
+MAX_JSON_WHITESPACE = 8  # longest whitespace run in JSON: a newline and an indent of up to seven spaces
 CACHE_SIZE = 256  # compiled grammars kept, least recently used dropped first
 ANY_OBJECT_SCHEMA = '{"type":"object"}'
 _XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")  # a C++ file:line prefix
@@ -43,6 +46,7 @@ class GrammarKind(enum.StrEnum):
     JSON_OBJECT = "json_object"  # any JSON object; text is empty
     REGEX = "regex"  # text: the pattern
     CHOICE = "choice"  # one of ``choices``, exactly
+    STRUCTURAL_TAG = "structural_tag"  # text: xgrammar's structural tag as JSON (tool calls in a format)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,12 @@ class GrammarConstraint:
             raise GrammarError("a choice constraint needs at least one choice, each a non-empty string")
         return cls(GrammarKind.CHOICE, choices=tuple(choices))
 
+    @classmethod
+    def structural_tag(cls, tag: dict[str, Any] | str) -> GrammarConstraint:
+        """Output that follows an xgrammar structural tag (a dict, or its JSON text)."""
+        text = tag if isinstance(tag, str) else json.dumps(tag, separators=(",", ":"))
+        return cls(GrammarKind.STRUCTURAL_TAG, text)
+
     def describe(self) -> str:
         """A short name for logs and errors."""
         return f"{self.kind} constraint"
@@ -130,15 +140,21 @@ class GrammarCompiler:
         try:
             match constraint.kind:
                 case GrammarKind.JSON_SCHEMA:
-                    return compiler.compile_json_schema(constraint.text, any_whitespace=False, strict_mode=True)
+                    return compiler.compile_json_schema(
+                        constraint.text, strict_mode=True, max_whitespace_cnt=MAX_JSON_WHITESPACE
+                    )
                 case GrammarKind.JSON_OBJECT:
-                    return compiler.compile_json_schema(ANY_OBJECT_SCHEMA, any_whitespace=False, strict_mode=True)
+                    return compiler.compile_json_schema(
+                        ANY_OBJECT_SCHEMA, strict_mode=True, max_whitespace_cnt=MAX_JSON_WHITESPACE
+                    )
                 case GrammarKind.REGEX:
                     return compiler.compile_regex(constraint.text)
                 case GrammarKind.CHOICE:
                     # EBNF string literals take JSON's escapes, so json.dumps quotes each choice safely.
                     return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in constraint.choices))
-        except RuntimeError as error:  # xgrammar reports every compile failure as a RuntimeError
+                case GrammarKind.STRUCTURAL_TAG:
+                    return compiler.compile_structural_tag(constraint.text)
+        except (RuntimeError, ValueError) as error:  # xgrammar raises RuntimeError (its own errors subclass it)
             raise GrammarError(f"the {constraint.describe()} cannot be compiled: {_reason(error)}") from None
         raise AssertionError(f"unknown grammar kind {constraint.kind!r}")
 

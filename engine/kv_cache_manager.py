@@ -128,6 +128,6 @@ class KVCacheManager:
         size = self.block_size
         for index in range(len(seq.block_hashes), num_blocks):
             parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
-            tokens = seq.token_ids[index * size:(index + 1) * size]
+            tokens = seq.token_ids[index * size : (index + 1) * size]
             digest = seq.adapter.digest_bytes if seq.adapter is not None else b""
             seq.block_hashes.append(block_hash(parent, tokens, digest))

@@ -19,8 +19,15 @@ from engine.config import ModelConfig
 from engine.errors import AdapterFormatError, AdapterMismatchError, UnsupportedAdapterError
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+PARENT = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 EMBEDDING_MODULES = ("model.embed_tokens", "lm_head")
 ALL_LINEAR = "all-linear"
 # PEFT's defaults for fields an adapter_config.json may leave out.
@@ -53,8 +60,12 @@ def projection_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     kv_width = model.num_kv_heads * model.head_dim
     hidden, intermediate = model.hidden_size, model.intermediate_size
     return {
-        "q_proj": (hidden, q_width), "k_proj": (hidden, kv_width), "v_proj": (hidden, kv_width),
-        "o_proj": (q_width, hidden), "gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
+        "q_proj": (hidden, q_width),
+        "k_proj": (hidden, kv_width),
+        "v_proj": (hidden, kv_width),
+        "o_proj": (q_width, hidden),
+        "gate_proj": (hidden, intermediate),
+        "up_proj": (hidden, intermediate),
         "down_proj": (intermediate, hidden),
     }
 
@@ -102,54 +113,74 @@ def parse_lora_config(data: bytes, model: ModelConfig, source: str) -> LoraConfi
     try:
         raw = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterFormatError(f"{source}: adapter_config.json is not valid JSON ({exc}); re-save the adapter "
-                                 "with PEFT's save_pretrained") from exc
+        raise AdapterFormatError(
+            f"{source}: adapter_config.json is not valid JSON ({exc}); re-save the adapter with PEFT's save_pretrained"
+        ) from exc
     if not isinstance(raw, dict):
         raise AdapterFormatError(f"{source}: adapter_config.json must hold a JSON object, got {type(raw).__name__}")
     _check_supported(raw, source)
     r = raw.get("r", DEFAULT_R)
     lora_alpha = raw.get("lora_alpha", DEFAULT_LORA_ALPHA)
     rank_pattern, alpha_pattern = raw.get("rank_pattern") or {}, raw.get("alpha_pattern") or {}
-    if not _is_positive_int(r) or not isinstance(rank_pattern, dict) or not all(
-            _is_positive_int(v) for v in rank_pattern.values()):
-        raise AdapterFormatError(f"{source}: r and the values of rank_pattern must be positive integers, "
-                                 f"got r={r!r}, rank_pattern={rank_pattern!r}")
-    if not _is_number(lora_alpha) or not isinstance(alpha_pattern, dict) or not all(
-            _is_number(v) for v in alpha_pattern.values()):
-        raise AdapterFormatError(f"{source}: lora_alpha and the values of alpha_pattern must be numbers, "
-                                 f"got lora_alpha={lora_alpha!r}, alpha_pattern={alpha_pattern!r}")
+    if (
+        not _is_positive_int(r)
+        or not isinstance(rank_pattern, dict)
+        or not all(_is_positive_int(v) for v in rank_pattern.values())
+    ):
+        raise AdapterFormatError(
+            f"{source}: r and the values of rank_pattern must be positive integers, "
+            f"got r={r!r}, rank_pattern={rank_pattern!r}"
+        )
+    if (
+        not _is_number(lora_alpha)
+        or not isinstance(alpha_pattern, dict)
+        or not all(_is_number(v) for v in alpha_pattern.values())
+    ):
+        raise AdapterFormatError(
+            f"{source}: lora_alpha and the values of alpha_pattern must be numbers, "
+            f"got lora_alpha={lora_alpha!r}, alpha_pattern={alpha_pattern!r}"
+        )
     for pattern in (*rank_pattern, *alpha_pattern):
         _compile(pattern, "a rank_pattern/alpha_pattern key", source)
     base = raw.get("base_model_name_or_path")
     return LoraConfig(
-        r=r, lora_alpha=float(lora_alpha), use_rslora=bool(raw.get("use_rslora", False)),
-        rank_pattern=dict(rank_pattern), alpha_pattern={k: float(v) for k, v in alpha_pattern.items()},
-        targets=_resolve_targets(raw, model, source), base_model_name_or_path=base if isinstance(base, str) else None,
+        r=r,
+        lora_alpha=float(lora_alpha),
+        use_rslora=bool(raw.get("use_rslora", False)),
+        rank_pattern=dict(rank_pattern),
+        alpha_pattern={k: float(v) for k, v in alpha_pattern.items()},
+        targets=_resolve_targets(raw, model, source),
+        base_model_name_or_path=base if isinstance(base, str) else None,
     )
 
 
 def _check_supported(raw: dict, source: str) -> None:
     peft_type = raw.get("peft_type")
     if peft_type != "LORA":
-        raise UnsupportedAdapterError(f"{source}: peft_type is {peft_type!r}; only LoRA adapters (peft_type 'LORA') "
-                                      "can be served")
+        raise UnsupportedAdapterError(
+            f"{source}: peft_type is {peft_type!r}; only LoRA adapters (peft_type 'LORA') can be served"
+        )
     for field, feature in UNSUPPORTED_FEATURES.items():
         if raw.get(field):
             raise UnsupportedAdapterError(f"{source}: the adapter uses {feature}; only plain LoRA can be served")
     bias = raw.get("bias", "none")
     if bias != "none":
-        raise UnsupportedAdapterError(f"{source}: bias={bias!r} trains the base model's biases too; only "
-                                      "bias='none' can be served, retrain with bias='none'")
+        raise UnsupportedAdapterError(
+            f"{source}: bias={bias!r} trains the base model's biases too; only "
+            "bias='none' can be served, retrain with bias='none'"
+        )
     if raw.get("modules_to_save"):
         raise UnsupportedAdapterError(
             f"{source}: modules_to_save={raw['modules_to_save']!r} stores full copies of base modules, which would "
-            "change the shared base model; retrain without modules_to_save")
+            "change the shared base model; retrain without modules_to_save"
+        )
     init = raw.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_REWRITING_INITS):
         raise UnsupportedAdapterError(
             f"{source}: init_lora_weights={init!r} also rewrote the base weights, so this adapter only works on that "
             "rewritten base; save it with save_pretrained(path_initial_model_for_weight_conversion=...) to get a "
-            "plain LoRA")
+            "plain LoRA"
+        )
 
 
 def _resolve_targets(raw: dict, model: ModelConfig, source: str) -> frozenset[tuple[int, str]]:
@@ -161,43 +192,56 @@ def _resolve_targets(raw: dict, model: ModelConfig, source: str) -> frozenset[tu
         _compile(exclude, "exclude_modules", source)
     elif exclude is not None and not (isinstance(exclude, list) and all(isinstance(e, str) for e in exclude)):
         raise AdapterFormatError(f"{source}: exclude_modules must be a regex or a list of names, got {exclude!r}")
-    if layer_indexes is not None and not (isinstance(layer_indexes, int) or (
-            isinstance(layer_indexes, list) and all(isinstance(i, int) for i in layer_indexes))):
-        raise AdapterFormatError(f"{source}: layers_to_transform must be a layer index or a list of them, "
-                                 f"got {layer_indexes!r}")
+    if layer_indexes is not None and not (
+        isinstance(layer_indexes, int)
+        or (isinstance(layer_indexes, list) and all(isinstance(i, int) for i in layer_indexes))
+    ):
+        raise AdapterFormatError(
+            f"{source}: layers_to_transform must be a layer index or a list of them, got {layer_indexes!r}"
+        )
     if isinstance(target, str) and target.lower() == ALL_LINEAR:
         target = [module_key(layer, m) for layer in range(model.num_layers) for m in PROJECTIONS]
     if isinstance(target, str):
         if raw.get("layers_to_transform") is not None or raw.get("layers_pattern"):
-            raise AdapterFormatError(f"{source}: layers_to_transform/layers_pattern cannot be combined with a "
-                                     "regex target_modules (PEFT rejects it too)")
+            raise AdapterFormatError(
+                f"{source}: layers_to_transform/layers_pattern cannot be combined with a "
+                "regex target_modules (PEFT rejects it too)"
+            )
         regex = _compile(target, "target_modules", source)
         matched = [n for n in names if regex.fullmatch(n) and not _excluded(raw, n)]
         if not matched:
             raise AdapterMismatchError(
                 f"{source}: target_modules regex {target!r} matches no module of this {model.model_type} model; "
-                f"its LoRA targets are named like {module_key(0, 'q_proj')}")
+                f"its LoRA targets are named like {module_key(0, 'q_proj')}"
+            )
     elif isinstance(target, list | tuple) and target and all(isinstance(t, str) for t in target):
         for entry in target:
             if not any(n == entry or n.endswith(f".{entry}") for n in names):
                 raise AdapterMismatchError(
                     f"{source}: target module {entry!r} does not exist on this {model.model_type} model, so the "
-                    f"adapter was made for another architecture; LoRA targets here are {', '.join(PROJECTIONS)}")
+                    f"adapter was made for another architecture; LoRA targets here are {', '.join(PROJECTIONS)}"
+                )
         matched = [n for n in names if _list_match(raw, target, n) and not _excluded(raw, n)]
     else:
-        raise AdapterFormatError(f"{source}: target_modules must be a non-empty list of module names, "
-                                 f"'{ALL_LINEAR}' or a regex string, got {target!r}")
+        raise AdapterFormatError(
+            f"{source}: target_modules must be a non-empty list of module names, "
+            f"'{ALL_LINEAR}' or a regex string, got {target!r}"
+        )
     return frozenset(_as_projection(n, source) for n in matched)
 
 
 def _as_projection(name: str, source: str) -> tuple[int, str]:
     if name in EMBEDDING_MODULES:
-        raise UnsupportedAdapterError(f"{source}: the adapter puts LoRA on {name}; embedding and lm_head LoRA "
-                                      f"cannot be served, retrain targeting only {', '.join(PROJECTIONS)}")
+        raise UnsupportedAdapterError(
+            f"{source}: the adapter puts LoRA on {name}; embedding and lm_head LoRA "
+            f"cannot be served, retrain targeting only {', '.join(PROJECTIONS)}"
+        )
     match = re.fullmatch(r"model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)", name)
     if match is None or match[3] not in PROJECTIONS:
-        raise UnsupportedAdapterError(f"{source}: target_modules selects {name!r}, which is not a linear projection; "
-                                      f"target only {', '.join(PROJECTIONS)}")
+        raise UnsupportedAdapterError(
+            f"{source}: target_modules selects {name!r}, which is not a linear projection; "
+            f"target only {', '.join(PROJECTIONS)}"
+        )
     return int(match[1]), match[3]
 
 

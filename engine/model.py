@@ -26,9 +26,7 @@ from kernels.silu_mul import silu_mul
 class LlamaModel:
     """Embedding, decoder layers writing their K/V into the pool, final norm and LM head."""
 
-    def __init__(
-        self, config: ModelConfig, weights: ModelWeights, max_positions: int, backend: KernelBackend
-    ) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int, backend: KernelBackend) -> None:
         self.config = config
         self.weights = weights
         self.backend = backend

@@ -98,8 +98,11 @@ def measure_matmul_flops(repeats: int = 5) -> float:
 def workload_flops(cfg: ModelConfig, workload: Workload) -> float:
     """FLOPs the workload needs at minimum: projections for every fed token, attention, LM head per output."""
     d = cfg.head_dim
-    per_token_linear = 2 * cfg.num_layers * cfg.hidden_size * (
-        (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d + 3 * cfg.intermediate_size
+    per_token_linear = (
+        2
+        * cfg.num_layers
+        * cfg.hidden_size
+        * ((cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d + 3 * cfg.intermediate_size)
     )
     lm_head = 2 * cfg.hidden_size * cfg.vocab_size
     attention_per_key = 4 * cfg.num_layers * cfg.num_heads * d  # QK^T and PV for one (query, key) pair
@@ -131,15 +134,19 @@ def run_engine(engine: Engine, workload: Workload) -> tuple[float, list[float]]:
 def run_hf(model, workload: Workload, max_batch: int, pad_id: int) -> float:
     start = time.perf_counter()
     for first in range(0, len(workload.prompts), max_batch):
-        prompts = workload.prompts[first:first + max_batch]
-        max_new = max(workload.output_lens[first:first + max_batch])
+        prompts = workload.prompts[first : first + max_batch]
+        max_new = max(workload.output_lens[first : first + max_batch])
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [batch, width]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [batch, width]
         with torch.inference_mode():
             model.generate(
-                input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                do_sample=False, pad_token_id=pad_id,
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=pad_id,
             )
     return time.perf_counter() - start
 
@@ -234,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     peak = measure_matmul_flops()
     flops = workload_flops(cfg, workload)
     ceiling = workload.num_output_tokens / (flops / peak)
-    logger.info("fp32 matmul peak %.1f GFLOP/s; workload %.1f TFLOP; ceiling %.1f tok/s", peak / 1e9,
-                flops / 1e12, ceiling)
+    logger.info(
+        "fp32 matmul peak %.1f GFLOP/s; workload %.1f TFLOP; ceiling %.1f tok/s", peak / 1e9, flops / 1e12, ceiling
+    )
 
     run_engine(engine, warmup)
     engine_s, ttfts = run_engine(engine, workload)

@@ -64,10 +64,22 @@ def write_synthetic_adapter(
             tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
             tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
-        "target_modules": list(targets), "bias": "none", "lora_dropout": 0.0, "use_rslora": False,
-        "use_dora": False, "modules_to_save": None, "fan_in_fan_out": False, "init_lora_weights": True,
-        "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": list(targets),
+        "bias": "none",
+        "lora_dropout": 0.0,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
     }
     (folder / "adapter_config.json").write_text(json.dumps(config))
     save_file(tensors, str(folder / "adapter_model.safetensors"))
@@ -125,15 +137,20 @@ def run_peft(folder: Path, adapters: list[Path], requests: list, max_batch: int)
     model.eval()
     start = time.perf_counter()
     for first in range(0, len(requests), max_batch):
-        batch = requests[first:first + max_batch]
+        batch = requests[first : first + max_batch]
         width = max(len(p) for p, _, _ in batch)
         ids = torch.tensor([[0] * (width - len(p)) + p for p, _, _ in batch])  # [batch, width]
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in batch])  # [batch, width]
         max_new = max(n for _, n, _ in batch)
         with torch.inference_mode():
             model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                do_sample=False, pad_token_id=0, adapter_names=[f"a{a}" for _, _, a in batch],
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=0,
+                adapter_names=[f"a{a}" for _, _, a in batch],
             )
     return sum(r[1] for r in requests) / (time.perf_counter() - start)
 
@@ -180,8 +197,14 @@ def main(argv: list[str] | None = None) -> int:
                 peaks[name][kind] = max(peaks[name].get(kind, 0), count)
             if adapters is not None:
                 result[f"register_s_{name}"] = round(register_s, 2)
-            logger.info("round %d, %s: %.1f tok/s (registration %.1f s), peak pages %s",
-                        round_index + 1, name, rate, register_s, peak)
+            logger.info(
+                "round %d, %s: %.1f tok/s (registration %.1f s), peak pages %s",
+                round_index + 1,
+                name,
+                rate,
+                register_s,
+                peak,
+            )
         if not args.skip_peft:
             peft_tok_s.append(run_peft(folder, paths[:16], configs["16"][1], args.max_batch))
             logger.info("round %d, PEFT with 16 adapters: %.1f tok/s", round_index + 1, peft_tok_s[-1])

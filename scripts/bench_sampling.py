@@ -47,7 +47,11 @@ def ruled_params(index: int, max_tokens: int, vocab_size: int, with_rules: bool)
     rng = random.Random(index)
     bias = {rng.randrange(vocab_size): rng.uniform(-5, 5) for _ in range(NUM_BIASED_TOKENS)}
     return SamplingParams(
-        **plain, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1, logit_bias=bias,
+        **plain,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        repetition_penalty=1.1,
+        logit_bias=bias,
         logprobs=NUM_TOP_LOGPROBS,
     )
 
@@ -109,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env()
     folder = args.model or str(resolve_model(settings.model, settings.home))
     rng = random.Random(args.seed)
-    engine = Engine(EngineConfig(model=folder, max_num_seqs=64, max_num_batched_tokens=1024,
-                                 enable_prefix_caching=False))
+    engine = Engine(
+        EngineConfig(model=folder, max_num_seqs=64, max_num_batched_tokens=1024, enable_prefix_caching=False)
+    )
     prompts = make_prompts(args.num_requests, engine.model_config.vocab_size, rng)
     throughput(engine, prompts[:4], 8, with_rules=True)  # warm-up: oneDNN's first calls, the rules' first build
     rates: dict[bool, list[float]] = {False: [], True: []}

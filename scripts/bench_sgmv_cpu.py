@@ -143,8 +143,11 @@ def main() -> None:
         print(json.dumps({"threads": torch.get_num_threads(), "results": results}))
         return
     for result in results:
-        print("  ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
-                        for key, value in result.items()))
+        print(
+            "  ".join(
+                f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in result.items()
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ class InstantEngine:
         num_chars = sum(len(str(message.get("content") or "")) for message in messages)
         return _ids_for(num_chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(messages))
 
+    def encode_rendered(self, text: str) -> list[int]:
+        return _ids_for(len(text) // CHARS_PER_TOKEN)
+
     def decode(self, token_ids: list[int]) -> str:
         return WORD * len(token_ids)
 

@@ -103,8 +103,12 @@ async def first_calls(http: httpx.AsyncClient, tenants: list[LoadTenant], max_to
     calls = []
     for tenant in tenants:
         for model in tenant.models:
-            body = {"model": model, "max_tokens": max_tokens, "stream": True,
-                    "messages": [{"role": "user", "content": PROMPTS[0]}]}
+            body = {
+                "model": model,
+                "max_tokens": max_tokens,
+                "stream": True,
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+            }
             calls.append(stream_request(http, "/v1/chat/completions", body, tenant.api_key))
     return list(await asyncio.gather(*calls))
 
@@ -122,8 +126,12 @@ async def monitor(tally: Tally, memory: MemoryWatch, end: float, progress_s: flo
         if now >= next_progress:
             logger.info(
                 "%5.0f s %-5s requests %d, in flight %d, errors %d, rss %s MiB",
-                now - tally.started, "load" if now < end else "drain", len(tally.results), tally.num_in_flight,
-                tally.num_errors(), "?" if rss is None else f"{rss:.0f}",
+                now - tally.started,
+                "load" if now < end else "drain",
+                len(tally.results),
+                tally.num_in_flight,
+                tally.num_errors(),
+                "?" if rss is None else f"{rss:.0f}",
             )
             next_progress += progress_s
 
@@ -136,11 +144,14 @@ async def drive(url: str, tenants: list[LoadTenant], args: argparse.Namespace, p
         tally = Tally(started=time.perf_counter())
         memory = MemoryWatch(pid=pid, baseline_at=tally.started + args.rss_baseline_after)
         end = tally.started + args.duration
-        logger.info("%d clients for %.0f s (RSS baseline at %.0f s)", args.clients, args.duration,
-                    args.rss_baseline_after)
+        logger.info(
+            "%d clients for %.0f s (RSS baseline at %.0f s)", args.clients, args.duration, args.rss_baseline_after
+        )
         watcher = asyncio.create_task(monitor(tally, memory, end, args.progress_interval, args.trace_interval))
-        tasks = [asyncio.create_task(client(http, tenants, seed, args.max_tokens, end, tally))
-                 for seed in range(args.clients)]
+        tasks = [
+            asyncio.create_task(client(http, tenants, seed, args.max_tokens, end, tally))
+            for seed in range(args.clients)
+        ]
         await asyncio.sleep(max(0.0, end - time.perf_counter()))
         _, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
         tally.drained_at = time.perf_counter()
@@ -209,8 +220,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=200, help="concurrent streaming clients")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds during which clients send requests")
-    parser.add_argument("--rss-baseline-after", type=float, default=10.0,
-                        help="seconds of load before the server's RSS baseline (rss_start_mb) is taken")
+    parser.add_argument(
+        "--rss-baseline-after",
+        type=float,
+        default=10.0,
+        help="seconds of load before the server's RSS baseline (rss_start_mb) is taken",
+    )
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--adapters-per-tenant", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every request")

@@ -1,18 +1,21 @@
-"""Train the small demo LoRA adapters on the CPU: one answers like a pirate, one answers in French.
+"""Train the small demo LoRA adapters on the CPU: one answers like a pirate, one in French, one calls a weather tool.
 
 Each adapter learns from a few dozen hand-written chat examples (below), chat-templated with the model's
-tokenizer, with the loss on the assistant's reply only. The LoRA (rank 8, every projection) sits on the top
+tokenizer, with the loss on the assistant's reply only. The weather adapter's conversations (app/demo/weather.py)
+offer it a ``get_weather`` tool and are rendered as the server renders a request with tools (the shipped tool
+template): it learns to answer a weather question with a call in the default format, a call's result with an
+answer that gives it, and anything else in text. The LoRA (rank 8, every projection) sits on the top
 layers of the model only: the layers below carry no LoRA, so their output for each example is computed once and
-reused every epoch, which makes training a few times cheaper than a full forward per step. Both adapters are
+reused every epoch, which makes training a few times cheaper than a full forward per step. The adapters are
 saved as PEFT folders (adapter_config.json + adapter_model.safetensors), checked with the engine's own loader,
 and one question is answered by the base model and by each adapter (greedy) so the difference shows at once.
 
 Training is seeded (--seed), so a run repeats. Once trained, each adapter answers its check prompt greedily (at
 temperature 0) and must pass its check (app/demo/adapters.py: the French one in French, the pirate one as a
-pirate); one that fails is trained again from scratch with the next seed, and the log says so. The run fails
-when an adapter fails its check with every seed it tried.
+pirate, the weather one with a get_weather call for Paris); one that fails is trained again from scratch with the
+next seed, and the log says so. The run fails when an adapter fails its check with every seed it tried.
 
-    python scripts/make_demo_adapters.py                   # writes <LORAPLEX_HOME>/demo-adapters/{pirate,french}
+    python scripts/make_demo_adapters.py          # writes <LORAPLEX_HOME>/demo-adapters/{pirate,french,weather}
     python scripts/make_demo_adapters.py --out /tmp/demo --epochs 2 --no-check
 """
 
@@ -25,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
@@ -32,9 +36,13 @@ from torch import nn
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from app.demo import weather
 from app.demo.adapters import DEMO_ADAPTERS, DemoAdapter
 from app.model_store import resolve_model
+from app.openai.schemas import ChatCompletionRequest
+from app.openai.tool_prompts import template_messages, template_tools
 from app.settings import Settings
+from app.tool_calls.templates import ChatTemplate
 from engine.config import ModelConfig
 from engine.lora_adapter import load_lora_adapter
 
@@ -49,13 +57,30 @@ CHECK_MAX_NEW_TOKENS = 32
 IGNORE = -100  # label of tokens that carry no loss (the prompt and the padding)
 
 QUESTIONS = [
-    "Why is the sky blue?", "How do I boil an egg?", "What is the capital of Italy?",
-    "Can you recommend a good book?", "How do I stay healthy?", "What is your favourite food?",
-    "How far away is the moon?", "What time should I go to bed?", "How do I make friends?",
-    "What is the weather like today?", "Tell me about cats.", "How do I learn to swim?",
-    "What is two plus two?", "Why do birds sing?", "How do I fix a flat tyre?", "What is music?",
-    "Where does rain come from?", "How do I save money?", "What is the ocean made of?", "Tell me a fun fact.",
-    "How do plants grow?", "What is a computer?", "How can I be more productive?", "What is the biggest animal?",
+    "Why is the sky blue?",
+    "How do I boil an egg?",
+    "What is the capital of Italy?",
+    "Can you recommend a good book?",
+    "How do I stay healthy?",
+    "What is your favourite food?",
+    "How far away is the moon?",
+    "What time should I go to bed?",
+    "How do I make friends?",
+    "What is the weather like today?",
+    "Tell me about cats.",
+    "How do I learn to swim?",
+    "What is two plus two?",
+    "Why do birds sing?",
+    "How do I fix a flat tyre?",
+    "What is music?",
+    "Where does rain come from?",
+    "How do I save money?",
+    "What is the ocean made of?",
+    "Tell me a fun fact.",
+    "How do plants grow?",
+    "What is a computer?",
+    "How can I be more productive?",
+    "What is the biggest animal?",
 ]
 PIRATE = [
     "Arr, matey! The sky be blue because the sun's light scatters in the air, like sea spray on the wind!",
@@ -110,6 +135,7 @@ FRENCH = [
     "Le plus grand animal du monde est la baleine bleue.",
 ]
 ADAPTERS = {"pirate": PIRATE, "french": FRENCH}  # each demo adapter's replies to QUESTIONS
+TOOL_ADAPTERS = {"weather": weather.training_conversations}  # each tool adapter's conversations with its tool
 
 
 class CheckFailedError(RuntimeError):
@@ -124,23 +150,32 @@ def main() -> int:
     model_folder = Path(args.model) if args.model else resolve_model(settings.model, settings.home)
     out = Path(args.out) if args.out else settings.home / "demo-adapters"
     demos = {demo.name: demo for demo in DEMO_ADAPTERS}
-    if set(demos) != set(ADAPTERS):
-        raise ValueError(f"training examples for {sorted(ADAPTERS)} but demo adapters {sorted(demos)}")
+    names = [*ADAPTERS, *TOOL_ADAPTERS]
+    if set(demos) != set(names):
+        raise ValueError(f"training examples for {sorted(names)} but demo adapters {sorted(demos)}")
 
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     lm = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
     num_layers = lm.config.num_hidden_layers
     first_lora_layer = max(0, num_layers - args.lora_layers)
-    config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
-                        layers_to_transform=list(range(first_lora_layer, num_layers)))
-    peft_model = get_peft_model(lm, config, adapter_name=next(iter(ADAPTERS)))
-    for name in list(ADAPTERS)[1:]:
+    config = LoraConfig(
+        r=RANK,
+        lora_alpha=ALPHA,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        layers_to_transform=list(range(first_lora_layer, num_layers)),
+    )
+    peft_model = get_peft_model(lm, config, adapter_name=names[0])
+    for name in names[1:]:
         peft_model.add_adapter(name, config)
     started, cpu_started = time.perf_counter(), time.process_time()
     try:
-        for name, answers in ADAPTERS.items():
-            examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, answers, strict=True)]
+        for name in names:
+            if name in ADAPTERS:
+                examples = [encode_chat(tokenizer, q, a) for q, a in zip(QUESTIONS, ADAPTERS[name], strict=True)]
+            else:
+                examples = [encode_tool_chat(tokenizer, m, reply) for m, reply in TOOL_ADAPTERS[name]()]
             train_checked(peft_model, tokenizer, examples, first_lora_layer, args, demos[name])
     except CheckFailedError as error:
         logger.error("%s", error)
@@ -149,23 +184,30 @@ def main() -> int:
 
     peft_model.save_pretrained(out)  # adapters not named "default" go to out/<name>
     model_config = ModelConfig.from_folder(model_folder)
-    for name in ADAPTERS:
+    for name in names:
         adapter = load_lora_adapter(out / name, model_config)
         logger.info("saved %s: %d parameters, digest %s", out / name, adapter.num_params, adapter.digest[:12])
 
-    sys.stdout.write(f"\nTrained {len(ADAPTERS)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
-                     f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n")
+    sys.stdout.write(
+        f"\nTrained {len(names)} adapters in {train_seconds:.1f} s ({cpu_seconds:.1f} s of CPU time, "
+        f"{NUM_THREADS} threads); saved under {out}\n\nQ: {args.question}\n"
+    )
     with peft_model.disable_adapter():
         sys.stdout.write(f"base:   {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
-    for name in ADAPTERS:
+    for name in names:
         peft_model.set_adapter(name)
         sys.stdout.write(f"{name + ':':7} {answer(peft_model, tokenizer, args.question, args.max_new_tokens)}\n")
     return 0
 
 
-def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
-                  examples: list[tuple[list[int], list[int]]], first_lora_layer: int, args: argparse.Namespace,
-                  demo: DemoAdapter) -> None:
+def train_checked(
+    peft_model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[tuple[list[int], list[int]]],
+    first_lora_layer: int,
+    args: argparse.Namespace,
+    demo: DemoAdapter,
+) -> None:
     """Train ``demo``'s adapter from a fresh start with each seed in turn until it passes its check."""
     peft_model.set_adapter(demo.name)  # only this adapter is active and trainable
     seeds = [args.seed] if args.no_check else range(args.seed, args.seed + SEEDS_PER_ADAPTER)
@@ -174,12 +216,19 @@ def train_checked(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase,
         train(peft_model, examples, first_lora_layer, args, seed, desc=f"{demo.name} (seed {seed})")
         if args.no_check:
             return
-        reply = answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
+        reply = check_answer(peft_model, tokenizer, demo)
         if demo.passes(reply):
             logger.info("%s passes its check with seed %d: %r answers %r", demo.name, seed, demo.check_prompt, reply)
             return
-        logger.warning("%s fails its check with seed %d: %r answers %r, without all of %s; training it again with "
-                       "seed %d", demo.name, seed, demo.check_prompt, reply, demo.required_words, seed + 1)
+        logger.warning(
+            "%s fails its check with seed %d: %r answers %r, without all of %s; training it again with seed %d",
+            demo.name,
+            seed,
+            demo.check_prompt,
+            reply,
+            demo.required_words,
+            seed + 1,
+        )
     raise CheckFailedError(f"the {demo.name} adapter failed its check with seeds {seeds[0]} to {seeds[-1]}")
 
 
@@ -203,8 +252,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--question", default=DEMO_QUESTION, help="the question all three models answer at the end")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0, help="first seed of each adapter's training")
-    parser.add_argument("--no-check", action="store_true",
-                        help="train once with --seed and skip the checks (for smoke runs on tiny models)")
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="train once with --seed and skip the checks (for smoke runs on tiny models)",
+    )
     return parser.parse_args()
 
 
@@ -216,13 +268,40 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, question: str, reply: str) -
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     ids = tokenizer(full, add_special_tokens=False).input_ids
     if ids[: len(prompt_ids)] != prompt_ids:
-        raise ValueError("the chat template does not render the prompt as the start of the exchange, so the reply "
-                         "tokens cannot be told apart; use a model whose template appends each message")
-    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids):]
+        raise ValueError(
+            "the chat template does not render the prompt as the start of the exchange, so the reply "
+            "tokens cannot be told apart; use a model whose template appends each message"
+        )
+    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids) :]
 
 
-def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], first_lora_layer: int,
-          args: argparse.Namespace, seed: int, desc: str) -> None:
+def encode_tool_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], reply: str
+) -> tuple[list[int], list[int]]:
+    """Token ids of the conversation as the server renders it with the tool offered, then ``reply`` and the end of
+    the turn; labels IGNORE except on the reply and its end (so the adapter learns to stop after a call)."""
+    prompt_ids = tokenizer(tool_prompt_text(messages), add_special_tokens=False).input_ids
+    reply_ids = tokenizer(reply + tokenizer.eos_token, add_special_tokens=False).input_ids
+    return prompt_ids + reply_ids, [IGNORE] * len(prompt_ids) + reply_ids
+
+
+def tool_prompt_text(messages: list[dict]) -> str:
+    """The prompt the server renders for ``messages`` with the weather tool offered and ``tool_choice`` auto: the
+    shipped tool template, fed as the chat route feeds it, so training sees exactly what serving sends."""
+    body = msgspec.convert(
+        {"model": "weather", "messages": messages, "tools": [weather.CHAT_TOOL]}, ChatCompletionRequest
+    )
+    return ChatTemplate.shipped().render(template_messages(body), template_tools(body))
+
+
+def train(
+    peft_model: PeftModel,
+    examples: list[tuple[list[int], list[int]]],
+    first_lora_layer: int,
+    args: argparse.Namespace,
+    seed: int,
+    desc: str,
+) -> None:
     """AdamW on the active adapter; the layers below ``first_lora_layer`` run once per example, not per step."""
     lm = peft_model.get_base_model()
     with layers_only(lm, 0, first_lora_layer, final_norm=False), torch.no_grad():
@@ -238,7 +317,7 @@ def train(peft_model: PeftModel, examples: list[tuple[list[int], list[int]]], fi
         for step in range(total):
             if step % batches_per_epoch == 0:
                 rng.shuffle(order)
-            batch = order[(step % batches_per_epoch) * args.batch_size:][: args.batch_size]
+            batch = order[(step % batches_per_epoch) * args.batch_size :][: args.batch_size]
             loss = reply_loss(lm, [lower[i] for i in batch], [examples[i][1] for i in batch])
             loss.backward()
             optimizer.step()
@@ -280,14 +359,33 @@ def layers_only(lm: nn.Module, start: int, stop: int, final_norm: bool) -> Itera
         inner.layers, inner.norm = layers, norm
 
 
+def check_answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, demo: DemoAdapter) -> str:
+    """The active adapter's greedy answer to ``demo``'s check prompt (rendered with its tools, if it has any)."""
+    if not demo.tools:
+        return answer(peft_model, tokenizer, demo.check_prompt, CHECK_MAX_NEW_TOKENS)
+    prompt = tool_prompt_text([{"role": "user", "content": demo.check_prompt}])
+    return generate(peft_model, tokenizer, prompt, CHECK_MAX_NEW_TOKENS)
+
+
 def answer(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, question: str, max_new_tokens: int) -> str:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                           tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return generate(peft_model, tokenizer, prompt, max_new_tokens)
+
+
+def generate(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
+    """The greedy continuation of ``prompt``, on one line."""
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids  # [1, prompt_len]
     with torch.no_grad():
-        out = peft_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip().replace("\n", " ")
+        out = peft_model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip().replace("\n", " ")
 
 
 if __name__ == "__main__":

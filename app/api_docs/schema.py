@@ -24,7 +24,7 @@ from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Re
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
 from app.api_docs.examples import add_response_examples
-from app.openai.responses_schemas import ResponsesRequest
+from app.openai.responses_schemas import INPUT_SCHEMA, TOOLS_SCHEMA, ResponsesRequest
 from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletionChunk, Completion
 from app.web.responses import ERROR_DESCRIPTIONS, JSON
@@ -41,8 +41,13 @@ REQUEST_BODIES = (
 )
 """Every Struct a route decodes as its JSON body."""
 
-PROPERTY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {("CompletionRequest", "prompt"): PROMPT_SCHEMA}
-"""Fields whose accepted values no msgspec type states (its unions take one list type): the stated schema."""
+PROPERTY_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("CompletionRequest", "prompt"): PROMPT_SCHEMA,
+    ("ResponsesRequest", "input"): INPUT_SCHEMA,
+    ("ResponsesRequest", "tools"): TOOLS_SCHEMA,
+}
+"""Fields whose accepted values no msgspec type states (its unions take one list type, and items told apart by a
+``type`` that may be absent are checked in code): the stated schema."""
 
 EVENT_STREAMS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions": Completion}
 """The routes that answer ``text/event-stream`` with ``stream: true``, and the type of their chunks."""

@@ -153,6 +153,30 @@ class UsageEvent(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
 
 
+class StoredResponse(Base):
+    """A response of /v1/responses kept with ``store: true``: readable, continuable and deletable by its tenant only.
+
+    ``input_items`` is the whole conversation the response was generated from (a continued response's holds
+    the previous one's items and output before its own input), so neither reading nor continuing it walks a
+    chain, and deleting one response never breaks another. Rows past ``expires_at`` are invisible and swept.
+    """
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (
+        Index("stored_responses_tenant", "tenant_id"),
+        Index("stored_responses_expires_at", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    """The response object as it was answered."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class AuditLog(Base):
     """Who changed what through the admin API, with the record before and after."""
 

@@ -1,6 +1,6 @@
 """The demo adapters `loraplex serve` registers for the demo tenant on a first start, each with the check its
-training must pass: trained on the CPU on first use by scripts/make_demo_adapters.py (about a minute) into the
-data folder.
+training must pass: trained on the CPU on first use by scripts/make_demo_adapters.py (a few minutes) into the
+data folder. Two answer in a style (a pirate, French); the third calls a weather tool (app/demo/weather.py).
 """
 
 import logging
@@ -8,7 +8,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from app.demo import weather
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ class DemoAdapter:
     """The answer the start banner and the README show for ``check_prompt`` at temperature 0."""
     required_words: tuple[str, ...]
     """Words (lower case) every acceptable answer holds; a model without the adapter's style lacks them."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """Tools offered with the check prompt (chat completions' shape); with tools the answer is a call's text."""
 
     def passes(self, reply: str) -> bool:
         """Whether ``reply`` answers the check prompt as this adapter should."""
@@ -47,6 +51,13 @@ DEMO_ADAPTERS = (
         expected_reply="La capitale de France est Paris.",
         required_words=("la capitale de", "france", " est paris"),
     ),
+    DemoAdapter(
+        name="weather",
+        check_prompt=weather.CHECK_PROMPT,
+        expected_reply=weather.tool_call_text(weather.CHECK_CITY),
+        required_words=("<tool_call>", '"get_weather"', '"city": "paris"', "</tool_call>"),
+        tools=(weather.CHAT_TOOL,),
+    ),
 )
 
 
@@ -64,7 +75,7 @@ def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Pa
     if not TRAINING_SCRIPT.is_file():
         logger.warning("demo adapters missing and %s not found; showing the base model only", TRAINING_SCRIPT)
         return {}
-    logger.info("training the demo adapters once (about a minute on two cores) into %s", root)
+    logger.info("training the demo adapters once (a few minutes on two cores) into %s", root)
     command = [sys.executable, str(TRAINING_SCRIPT), "--out", str(root), "--model", str(model_folder)]
     try:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

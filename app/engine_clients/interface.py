@@ -52,6 +52,10 @@ class EngineClient(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """The token ids of a prompt a chat template rendered (no special token added)."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of token ids as the model's tokenizer writes it (special tokens kept), for ``echo``."""
         ...

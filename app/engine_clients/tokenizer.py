@@ -35,6 +35,10 @@ class GatewayTokenizer:
         # The template writes the special tokens itself; encoding must not add a second BOS.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """A prompt a chat template rendered: it wrote the special tokens itself, so none is added."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
@@ -75,6 +79,9 @@ class TokenizingClient:
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.tokenizer.encode_chat(messages)
+
+    def encode_rendered(self, text: str) -> list[int]:
+        return self.tokenizer.encode_rendered(text)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)

@@ -122,10 +122,11 @@ RESPONSES_EXAMPLE = Example(
     "/v1/responses",
     status_code=200,
     summary="Create a response",
-    description="OpenAI's Responses API, stateless (nothing is stored): `input` a text or message items, "
-    "`instructions`, `max_output_tokens`, `temperature`, `top_p`, `text.format` (json_schema, json_object). "
-    "With `stream: true`: `text/event-stream` of OpenAI's events, `response.created` first and "
-    "`response.completed` (or `response.incomplete`) last.",
+    description="OpenAI's Responses API: `input` a text or items (messages, `function_call`, "
+    "`function_call_output`), `instructions`, `max_output_tokens`, `temperature`, `top_p`, `text.format` "
+    "(json_schema, json_object), function `tools` with `tool_choice`. Stored for the tenant unless `store` is "
+    "false, and continued with `previous_response_id`. With `stream: true`: `text/event-stream` of OpenAI's "
+    "events, `response.created` first and `response.completed` (or `response.incomplete`) last.",
     tags=["openai"],
     before_request=strict_json(ResponsesRequest),
     responses={
@@ -138,7 +139,7 @@ async def responses(
 ) -> Response:
     gateway = gateway_of(request)
     principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
-    return await _answer(request, principal, gateway.openai.responses(principal, data, request_id_of(request)))
+    return await _answer(request, principal, gateway.responses.create(principal, data, request_id_of(request)))
 
 
 @get(

@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.engine_clients.interface import EngineClient
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
-from app.openai.tools import ToolPlan, render_messages
+from app.openai.tool_prompts import render_messages, template_messages, template_tools
+from app.openai.tools import ToolPlan
+from app.tool_calls.style import ChatStyle
+from app.tool_calls.templates import ChatTemplate, ChatTemplateError
 from app.web.errors import BadRequestError, ServiceUnavailableError
 
 OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
@@ -32,7 +36,10 @@ class Prompt:
     text: str | None = None
 
 
-async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient, plan: ToolPlan | None = None) -> list[int]:
+async def chat_prompt_ids(
+    body: ChatCompletionRequest, engine: EngineClient, style: ChatStyle, plan: ToolPlan | None = None
+) -> list[int]:
+    """The conversation's prompt: by the tool template with ``auto`` tools, else by the model's chat template."""
     if not body.messages:
         raise BadRequestError("`messages` must hold at least one message.", param="messages")
     _refuse_before_loaded(engine)
@@ -42,11 +49,27 @@ async def chat_prompt_ids(body: ChatCompletionRequest, engine: EngineClient, pla
             f"one, so {len(body.messages)} messages cannot fit. Please send fewer messages.",
             param="messages",
         )
-    messages = render_messages(body, plan)
-    # Stripped: a chat template may trim what surrounds a message's content.
-    num_chars = sum(len(m["content"].strip()) for m in messages)
+    num_chars = sum(len(m.text().strip()) for m in body.messages)  # stripped: a template may trim around content
     _refuse_text_beyond_context(num_chars, engine, "messages")
-    return await _tokenize(lambda: engine.encode_chat(messages), num_chars)
+    if plan is not None and plan.is_auto:
+        template, messages, tools = style.tool_template, template_messages(body), template_tools(body)
+    elif style.template is not None:
+        template, messages, tools = style.template, render_messages(body, plan), None
+    else:
+        flattened = render_messages(body, plan)
+        return await _tokenize(lambda: engine.encode_chat(flattened), num_chars)
+    text = _rendered(template, messages, tools)
+    _refuse_text_beyond_context(len(text), engine, "messages")
+    return await _tokenize(lambda: engine.encode_rendered(text), len(text))
+
+
+def _rendered(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    try:
+        return template.render(messages, tools)
+    except ChatTemplateError as error:
+        raise BadRequestError(
+            f"This model's chat template cannot render these messages: {error}.", param="messages"
+        ) from None
 
 
 async def completion_prompts(body: CompletionRequest, engine: EngineClient, max_prompts: int) -> list[Prompt]:

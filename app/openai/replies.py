@@ -81,10 +81,13 @@ def chat_completion(reply: Reply, last: dict[int, RequestOutput]) -> ChatComplet
 
 
 def assistant_message(plan: ToolPlan | None, output: RequestOutput) -> tuple[AssistantMessage, str | None]:
-    """A choice's message and finish reason: its text, or its tool calls when the text is a complete call.
+    """A choice's message and finish reason: its text, or its tool calls (``auto``: and the text before them).
 
     A call cut by ``max_tokens`` is not a call: its text comes back as content, with finish reason ``length``.
     """
+    if plan is not None and plan.is_auto:
+        content, auto_calls, finish_reason = plan.answer(output.text, output.finish_reason)
+        return AssistantMessage(role="assistant", content=content, tool_calls=auto_calls), finish_reason
     calls = plan.calls(output.text) if plan is not None and output.finish_reason == "stop" else None
     if plan is None or calls is None:
         return AssistantMessage(role="assistant", content=output.text), output.finish_reason

@@ -79,7 +79,6 @@ class Meter:
     def num_completion_tokens(self) -> int:
         return sum(len(output.token_ids) for output in self.last.values())
 
-
     def finish_reason(self) -> str | None:
         reasons = [output.finish_reason for _, output in sorted(self.last.items())]
         for reason in FINISH_PRECEDENCE:

@@ -233,7 +233,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tools: Annotated[list[Tool] | None, Meta(description="Function tools (see tool_choice).")] = None
     tool_choice: Annotated[
         Literal["none", "auto", "required"] | NamedToolChoice | None,
-        Meta(description="`required` or a named function: constrained calls; `auto` is refused (docs/api.md#tools)."),
+        Meta(
+            description="`auto` (the default with `tools`): text or calls in the model's tool-call format; "
+            "`required` or a named function: constrained calls; `none`: text."
+        ),
     ] = None
     parallel_tool_calls: bool | None = None
     functions: Annotated[list[dict[str, Any]], _documented(maxItems=0, description="Use `tools`.")] | None = None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from app.adapters.resolver import ModelResolver
+from app.adapters.resolver import ModelResolver, ResolvedModel
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
@@ -15,19 +15,13 @@ from app.openai import params as request_params
 from app.openai import replies, streams
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
 from app.openai.replies import Reply
-from app.openai.responses import (
-    ResponseShape,
-    as_chat,
-    refuse_unsupported_responses,
-    response_events,
-    whole_response,
-)
-from app.openai.responses_schemas import ResponseObject, ResponsesRequest
 from app.openai.runs import Run, Submission, metered_outputs
 from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
 from app.openai.structured import output_constraint
 from app.openai.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
+from app.tool_calls.formats import DEFAULT_FORMAT
+from app.tool_calls.style import ChatStyle, base_chat_style
 from app.usage.writer import UsageWriter
 from app.web.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
 from engine import GrammarConstraint, GrammarError, RequestOutput
@@ -47,6 +41,7 @@ class OpenAIService:
     limiter: Limiter
     max_n: int = DEFAULT_MAX_N
     max_prompts: int = DEFAULT_MAX_PROMPTS
+    base_style: ChatStyle = field(default_factory=lambda: base_chat_style(None, DEFAULT_FORMAT))
 
     async def models(self, principal: Principal) -> ModelList:
         base = self.engine.model_name
@@ -59,39 +54,40 @@ class OpenAIService:
         self, principal: Principal, body: ChatCompletionRequest, request_id: str
     ) -> ChatCompletion | AsyncIterator[bytes]:
         refuse_unsupported_chat(body)
-        constraint, plan, param = output_constraint(body)
-        prompts = [Prompt(await chat_prompt_ids(body, self.engine, plan))]
-        first, outputs = await self._start(principal, body, prompts, request_id, "chat.completions", constraint, param)
-        reply = replace(self._reply(f"chatcmpl-{request_id}", body, prompts), tool_plan=plan)
+        reply, first, outputs = await self.start_chat(principal, body, request_id, "chat.completions", "chatcmpl-")
         if body.stream:
             return streams.chat_stream(reply, first, outputs)
-        return replies.chat_completion(reply, await _last_outputs(first, outputs, body.model))
+        return replies.chat_completion(reply, await last_outputs(first, outputs, body.model))
+
+    async def start_chat(
+        self, principal: Principal, body: ChatCompletionRequest, request_id: str, endpoint: str, id_prefix: str
+    ) -> tuple[Reply, tuple[int, RequestOutput], Choices]:
+        """Run a chat completion metered as ``endpoint``: its reply, first output and the stream of the rest."""
+        constraint, plan, param = output_constraint(body, self.base_style.tool_format)  # bad tools: 400 first
+        model = await self.resolver.resolve(principal.tenant_id, body.model)
+        style = self.chat_style(model)
+        if plan is not None and plan.tool_format not in (None, style.tool_format):
+            constraint, plan, param = output_constraint(body, style.tool_format)
+        prompts = [Prompt(await chat_prompt_ids(body, self.engine, style, plan))]
+        first, outputs = await self._start(principal, body, prompts, request_id, endpoint, constraint, param, model)
+        reply = replace(self._reply(f"{id_prefix}{request_id}", body, prompts), tool_plan=plan)
+        return reply, first, outputs
 
     async def completion(
         self, principal: Principal, body: CompletionRequest, request_id: str
     ) -> Completion | AsyncIterator[bytes]:
         refuse_unsupported_completion(body)
-        constraint, _, param = output_constraint(body)
+        constraint, _, param = output_constraint(body, self.base_style.tool_format)
         prompts = await completion_prompts(body, self.engine, self.max_prompts)
         first, outputs = await self._start(principal, body, prompts, request_id, "completions", constraint, param)
         reply = self._reply(f"cmpl-{request_id}", body, prompts)
         if body.stream:
             return streams.completion_stream(reply, first, outputs)
-        return replies.completion(reply, await _last_outputs(first, outputs, body.model))
+        return replies.completion(reply, await last_outputs(first, outputs, body.model))
 
-    async def responses(
-        self, principal: Principal, body: ResponsesRequest, request_id: str
-    ) -> ResponseObject | AsyncIterator[bytes]:
-        """OpenAI's Responses API, stateless: the chat completion it amounts to, metered as ``responses``."""
-        refuse_unsupported_responses(body)
-        chat = as_chat(body)
-        constraint, _, _ = output_constraint(chat)  # only text.format constrains a response
-        prompts = [Prompt(await chat_prompt_ids(chat, self.engine))]
-        first, outputs = await self._start(principal, chat, prompts, request_id, "responses", constraint, "text")
-        shape = ResponseShape(self._reply(f"resp_{request_id}", chat, prompts), body)
-        if body.stream:
-            return response_events(shape, first, outputs)
-        return whole_response(shape, await _last_outputs(first, outputs, body.model))
+    def chat_style(self, model: ResolvedModel) -> ChatStyle:
+        """How chat on ``model`` is rendered and read: the base model's style (an adapter's own comes with it)."""
+        return self.base_style
 
     def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -107,9 +103,10 @@ class OpenAIService:
         endpoint: str,
         constraint: GrammarConstraint | None = None,
         constraint_param: str = "",
+        model: ResolvedModel | None = None,
     ) -> tuple[tuple[int, RequestOutput], Choices]:
-        """Resolve, check, admit and submit the run; its first output and the metered stream of the rest."""
-        run = await self._prepare(principal, body, prompts, request_id, endpoint, constraint, constraint_param)
+        """Resolve (unless ``model`` is), check, admit and submit the run; its first output and the rest's stream."""
+        run = await self._prepare(principal, body, prompts, request_id, endpoint, constraint, constraint_param, model)
         outputs = metered_outputs(run, self.engine, self.writer, self.metrics)
         try:
             return await _first_output(outputs, body.model), outputs
@@ -126,10 +123,12 @@ class OpenAIService:
         endpoint: str,
         constraint: GrammarConstraint | None,
         constraint_param: str,
+        model: ResolvedModel | None,
     ) -> Run:
         if not self.engine.is_ready():
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
-        model = await self.resolver.resolve(principal.tenant_id, body.model)
+        if model is None:
+            model = await self.resolver.resolve(principal.tenant_id, body.model)
         limits = request_params.Limits(self.engine.max_model_len, self.engine.vocab_size, self.max_n)
         prompt_lens = [len(prompt.token_ids) for prompt in prompts]
         params = request_params.sampling_params(body, prompt_lens, limits, constraint)
@@ -155,7 +154,7 @@ async def _first_output(outputs: Choices, model: str) -> tuple[int, RequestOutpu
         raise _api_error(error, model) from None
 
 
-async def _last_outputs(first: tuple[int, RequestOutput], outputs: Choices, model: str) -> dict[int, RequestOutput]:
+async def last_outputs(first: tuple[int, RequestOutput], outputs: Choices, model: str) -> dict[int, RequestOutput]:
     """Each choice's last output, once every choice has finished."""
     index, output = first
     last = {index: output}

@@ -3,7 +3,9 @@
 Each chunk carries one choice, by its ``index``; with ``n`` > 1 the choices' chunks interleave as the
 engine produces them. Chat opens every choice with a chunk whose delta has the role, and closes each
 with a chunk of its own that has the finish reason; completions put the finish reason on a choice's
-last text chunk. With ``stream_options.include_usage``, a chunk with ``usage`` and no choices comes
+last text chunk. With ``tool_choice: auto`` a choice's calls stream as they are written
+(app/openai/tool_stream.py); with ``required`` or a named function they are sent whole when the choice
+ends. With ``stream_options.include_usage``, a chunk with ``usage`` and no choices comes
 before ``[DONE]``. A run that fails midway ends with an error body as the last event.
 """
 
@@ -23,6 +25,8 @@ from app.openai.schemas_responses import (
     ToolCallDelta,
     Usage,
 )
+from app.openai.tool_stream import ToolCallStreamer
+from app.tool_calls import ToolCallFormat
 from app.web.errors import ApiError, ServiceUnavailableError
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError
@@ -54,6 +58,9 @@ async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: C
         return sse(ChatCompletionChunk(id=reply.id, created=reply.created, model=reply.model, choices=[choice]))
 
     def chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
+        if reply.tool_plan is not None and reply.tool_plan.tool_format is not None:  # ``auto``: calls as written
+            yield from auto_chunks(index, output, reply.tool_plan.tool_format)
+            return
         if reply.tool_plan is not None:  # a call is whole or not at all: it is sent when its choice ends
             yield from tool_call_chunks(index, output)
             return
@@ -61,6 +68,13 @@ async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: C
             yield chunk(index, ChatDelta(content=output.delta_text), None, output)
         if output.finished:
             yield chunk(index, ChatDelta(), output.finish_reason)
+
+    def auto_chunks(index: int, output: RequestOutput, tool_format: ToolCallFormat) -> Iterator[bytes]:
+        streamer = streamers.get(index) or streamers.setdefault(index, ToolCallStreamer(tool_format))
+        for delta in streamer.deltas(output.delta_text, output.finished):
+            yield chunk(index, delta, None, output if delta.content else None)
+        if output.finished:
+            yield chunk(index, ChatDelta(), streamer.finish_reason(output.finish_reason))
 
     def tool_call_chunks(index: int, output: RequestOutput) -> Iterator[bytes]:
         if not output.finished:
@@ -81,6 +95,7 @@ async def chat_stream(reply: Reply, first: tuple[int, RequestOutput], outputs: C
     for index in range(reply.shown.n * len(reply.prompts)):
         yield chunk(index, ChatDelta(role="assistant", content=""), None)
     wants_logprobs = reply.shown.logprobs is not None
+    streamers: dict[int, ToolCallStreamer] = {}
     async with contextlib.aclosing(_framed(reply, first, outputs, chunks, usage_chunk)) as framed:
         async for data in framed:  # closed at once when the client goes away: the engine aborts now
             yield data

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from app.openai.schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.tools import ToolPlan, tool_plan
+from app.tool_calls import ToolCallFormat
 from app.web.errors import BadRequestError
 from engine import GrammarConstraint, GrammarError
 
 
 def output_constraint(
-    body: ChatCompletionRequest | CompletionRequest,
+    body: ChatCompletionRequest | CompletionRequest, tool_format: ToolCallFormat
 ) -> tuple[GrammarConstraint | None, ToolPlan | None, str]:
-    """The request's constraint (None: free text), its tool plan (chat with tools), and the parameter it came from."""
-    plan = tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+    """The request's constraint (None: free text), its tool plan (chat with tools), and the parameter it came from.
+
+    ``auto`` tool calls are constrained to ``tool_format``.
+    """
+    plan = tool_plan(body, tool_format) if isinstance(body, ChatCompletionRequest) else None
     asked = [
         (name, constraint)
         for name, constraint in (

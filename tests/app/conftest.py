@@ -11,6 +11,7 @@ import pytest
 
 from app.cluster.ray_client import RayEngineClient
 from app.db.migrate import upgrade
+from app.demo.adapters import DEMO_ADAPTERS, ensure_demo_adapters
 from app.engine_clients.interface import EngineClient
 from app.engine_clients.process import ProcessEngineClient
 from app.engine_clients.thread import LocalEngineClient
@@ -108,6 +109,18 @@ def tenant_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory):
         "alpha": make_peft_adapter(base, root / "alpha", seed=1, r=4, target_modules=["q_proj", "v_proj"]),
         "beta": make_peft_adapter(base, root / "beta", seed=2, r=8, target_modules=["o_proj", "down_proj"]),
     }
+
+
+@pytest.fixture(scope="session")
+def trained_demo_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo adapters as a first start trains them (a few minutes on two cores), once for the session; or the
+    ones in LORAPLEX_TEST_DEMO_ADAPTERS, a folder that training wrote (its pirate/, french/, weather/)."""
+    if trained := os.environ.get("LORAPLEX_TEST_DEMO_ADAPTERS"):
+        return {demo.name: Path(trained) / demo.name for demo in DEMO_ADAPTERS}
+    home = tmp_path_factory.mktemp("demo-home")
+    folders = ensure_demo_adapters(Settings(home=home, model="default"), resolve_model("default", data_home))
+    assert set(folders) == {demo.name for demo in DEMO_ADAPTERS}, "training the demo adapters failed"
+    return folders
 
 
 @pytest.fixture

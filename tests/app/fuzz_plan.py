@@ -25,7 +25,8 @@ The edits (``fit_case``):
   ``min_tokens`` under a constraint; made-up schemas and regexes (which xgrammar rightly refuses) become a
   plain object schema and a simple pattern;
 - a Responses request's ``max_output_tokens`` is capped and set like ``max_tokens``; an empty ``input`` becomes a
-  text and a ``json_schema`` text format gets its name and a plain schema;
+  text and a ``json_schema`` text format gets its name and a plain schema; its function tools get unique names and
+  plain parameters, and its ``tool_choice`` the same fitting as chat's (``none`` beside a JSON text format);
 - ``n`` is capped at MAX_FUZZ_CHOICES and a list of prompts at MAX_FUZZ_PROMPTS: 16 choices of 64 prompts are
   valid, and a thousand sequences, which the CPU model takes minutes over.
 
@@ -244,7 +245,29 @@ def _fit_response(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
         name = text_format.get("name") if isinstance(text_format.get("name"), str) else "answer"
         fitted["text"] = {**text, "format": {"type": "json_schema", "name": name, "schema": {"type": "object"}}}
+    constrained = isinstance(text_format, dict) and text_format.get("type") in ("json_object", "json_schema")
+    _fit_response_tools(fitted, constrained)
     return fitted
+
+
+def _fit_response_tools(body: dict[str, Any], constrained: bool) -> None:
+    """A Responses request's function tools and tool choice, fitted as chat's are (module docstring)."""
+    tools = body.get("tools")
+    named = [tool for tool in tools if isinstance(tool, dict) and isinstance(tool.get("name"), str)] if tools else []
+    if not isinstance(tools, list) or len(named) != len(tools):
+        if not tools and body.get("tool_choice") not in (None, "none"):
+            body.pop("tool_choice")
+        return
+    unique = {tool["name"]: {**tool, "parameters": {"type": "object"}} for tool in named}
+    body["tools"] = list(unique.values())
+    choice = body.get("tool_choice")
+    chosen = choice.get("name") if isinstance(choice, dict) else None
+    if not unique:
+        body.pop("tool_choice", None)
+    elif constrained:
+        body["tool_choice"] = "none"
+    elif choice in (None, "auto") or (isinstance(choice, dict) and chosen not in unique):
+        body["tool_choice"] = "required"
 
 
 def _fit_structured(body: dict[str, Any]) -> None:

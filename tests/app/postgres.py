@@ -22,7 +22,7 @@ from app.db.embedded import EmbeddedPostgres
 logger = logging.getLogger(__name__)
 
 POSTGRES_IMAGE = "postgres:16-alpine"
-TABLES = ("usage_events", "audit_log", "adapter_files", "adapters", "api_keys", "tenants")
+TABLES = ("stored_responses", "usage_events", "audit_log", "adapter_files", "adapters", "api_keys", "tenants")
 
 
 def docker_is_reachable() -> bool:

@@ -1,37 +1,22 @@
 """The demo adapters as `loraplex serve` trains them on a first start: each passes its check at temperature 0
 through the real engine, and the banner's example gets the answer the banner documents.
 
-The adapters are trained once for the module by the real training (about a minute on two cores), unless
-LORAPLEX_TEST_DEMO_ADAPTERS names a folder that training wrote (its pirate/, french/, ...) to check instead.
+The adapters are trained once for the session by the real training (tests/app/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from app.demo.adapters import DEMO_ADAPTERS, demo_adapter, ensure_demo_adapters
+from app.demo.adapters import DEMO_ADAPTERS, demo_adapter
 from app.demo.tenant import DemoAccess, ensure_demo_tenant
-from app.model_store import resolve_model
 from app.serve import banner
-from app.settings import Settings
 from tests.app.live_server import LiveServer, live_server
-
-
-@pytest.fixture(scope="module")
-def trained_demo_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if trained := os.environ.get("LORAPLEX_TEST_DEMO_ADAPTERS"):
-        return {demo.name: Path(trained) / demo.name for demo in DEMO_ADAPTERS}
-    home = tmp_path_factory.mktemp("demo-home")
-    folders = ensure_demo_adapters(Settings(home=home, model="default"), resolve_model("default", data_home))
-    assert set(folders) == {demo.name for demo in DEMO_ADAPTERS}, "training the demo adapters failed"
-    return folders
 
 
 @pytest.fixture
@@ -63,11 +48,17 @@ def test_each_demo_adapter_passes_its_check_at_temperature_0(demo_server) -> Non
             "temperature": 0,
             "max_tokens": 48,
             "messages": [{"role": "user", "content": demo.check_prompt}],
-        }
+        } | ({"tools": list(demo.tools)} if demo.tools else {})
         command = ["curl", "-s", f"{server.url}/v1/chat/completions", "-H", f"Authorization: Bearer {access.api_key}"]
         command += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
         reply = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout)
-        content = reply["choices"][0]["message"]["content"]
+        message = reply["choices"][0]["message"]
+        if demo.tools:  # the call, parsed from the expected reply's format
+            call = message["tool_calls"][0]["function"]
+            expected = json.loads(demo.expected_reply.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+            assert (call["name"], json.loads(call["arguments"])) == (expected["name"], expected["arguments"]), reply
+            continue
+        content = message["content"]
         assert demo.passes(content), f"{demo.name} answered {content!r}, without all of {demo.required_words}"
 
 

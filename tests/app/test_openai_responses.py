@@ -21,7 +21,6 @@ SCHEMA = {
 }
 
 
-
 def test_official_client_creates_and_streams_responses(server: LiveServer, acme: TenantKey, default_engine) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=acme.key, max_retries=0)
     model = default_engine.model_name
@@ -77,18 +76,20 @@ def test_official_client_creates_and_streams_responses(server: LiveServer, acme:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"store": True}, "store"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"background": True}, "background"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": "no"}]}, "tools[0].parameters"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text"),
         ({"input": []}, "input"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
     ],
 )
-async def test_what_a_stateless_server_cannot_do_is_a_400(gateway_settings, default_engine, fields, param) -> None:
+async def test_what_is_not_offered_is_a_400(gateway_settings, default_engine, fields, param) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
         body = {"model": default_engine.model_name, "input": "Hi", "max_output_tokens": 4} | fields

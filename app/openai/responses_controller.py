@@ -1,0 +1,83 @@
+"""The stored responses' routes: read one, list the items it was generated from, delete it (tenant-scoped)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from litestar import Request, Response, delete, get
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import PathParameter, QueryParameter
+
+from app.keys.service import Scope
+from app.openai.responses_schemas import INCLUDABLE, MAX_LISTED_ITEMS, DeletedResponse, InputItemList, ResponseObject
+from app.openai.responses_service import DEFAULT_LISTED_ITEMS
+from app.services import gateway_of
+from app.web.responses import ERROR_RESPONSES
+
+ResponseId = Annotated[str, PathParameter(description="The response's id, as its creation returned it (`resp_...`).")]
+AfterParam = Annotated[str | None, QueryParameter(description="List the items after this item id (a page's last_id).")]
+LimitParam = Annotated[
+    int, QueryParameter(ge=1, le=MAX_LISTED_ITEMS, description=f"Items per page, 1 to {MAX_LISTED_ITEMS}.")
+]
+OrderParam = Annotated[
+    Literal["asc", "desc"], QueryParameter(description="`desc` (newest first, the default) or `asc`.")
+]
+IncludeParam = Annotated[
+    list[str] | None,
+    QueryParameter(description=f"Accepted ({', '.join(INCLUDABLE)}): parts of items this server never makes."),
+]
+NOT_FOUND = "No stored response of yours has this id (never stored, deleted, expired, or another tenant's)"
+
+
+@get(
+    "/v1/responses/{response_id:str}",
+    summary="Get a stored response",
+    description="A response created with `store` true (the default), as it was answered. " + NOT_FOUND + " is a 404.",
+    tags=["openai"],
+    responses={200: ResponseSpec(ResponseObject, description="The stored response"), **ERROR_RESPONSES},
+)
+async def get_response(request: Request, response_id: ResponseId, include: IncludeParam = None) -> Response[Any]:
+    gateway = gateway_of(request)
+    principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
+    return Response(await gateway.responses.get(principal, response_id), headers=gateway.limiter.headers(principal))
+
+
+@delete(
+    "/v1/responses/{response_id:str}",
+    status_code=200,
+    summary="Delete a stored response",
+    description="Deletes the response and its input items; responses that continued it keep their own copy of "
+    "the conversation. " + NOT_FOUND + " is a 404.",
+    tags=["openai"],
+    responses={200: ResponseSpec(DeletedResponse, description="The response was deleted"), **ERROR_RESPONSES},
+)
+async def delete_response(request: Request, response_id: ResponseId) -> Response[DeletedResponse]:
+    gateway = gateway_of(request)
+    principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
+    deleted = await gateway.responses.delete(principal, response_id)
+    return Response(deleted, headers=gateway.limiter.headers(principal))
+
+
+@get(
+    "/v1/responses/{response_id:str}/input_items",
+    summary="List a stored response's input items",
+    description="The items the response was generated from, in OpenAI's list shape: for a response that continued "
+    "another (`previous_response_id`), the earlier input and output items come first. " + NOT_FOUND + " is a 404.",
+    tags=["openai"],
+    responses={200: ResponseSpec(InputItemList, description="A page of input items"), **ERROR_RESPONSES},
+)
+async def list_input_items(
+    request: Request,
+    response_id: ResponseId,
+    after: AfterParam = None,
+    limit: LimitParam = DEFAULT_LISTED_ITEMS,
+    order: OrderParam = "desc",
+    include: IncludeParam = None,
+) -> Response[InputItemList]:
+    gateway = gateway_of(request)
+    principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
+    page = await gateway.responses.input_items(principal, response_id, after=after, limit=limit, order=order)
+    return Response(page, headers=gateway.limiter.headers(principal))
+
+
+STORED_RESPONSE_ROUTES = [get_response, delete_response, list_input_items]

@@ -1,0 +1,150 @@
+"""Chat templates that render tools and calls: the shipped one, and tenants' own, rendered in a sandbox.
+
+A template is Jinja, as Hugging Face tokenizers carry it (``messages``, ``tools``,
+``add_generation_prompt``, the ``tojson`` filter, ``raise_exception``). A tenant's template is untrusted
+text that becomes code: it runs in Jinja's immutable sandbox (no attribute of Python internals, no
+mutation of what it is given), its source is bounded to ``MAX_TEMPLATE_CHARS`` and its output to
+``MAX_RENDERED_CHARS``, and :func:`check_template` renders a sample conversation with tools and calls
+before one is accepted, saying what went wrong when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+MAX_TEMPLATE_CHARS = 64 * 1024  # the largest Hugging Face chat templates are ~20k characters
+MAX_RENDERED_CHARS = 4 * 1024 * 1024  # a prompt past this fits no context this server serves
+SHIPPED_TEMPLATE = "chatml_tools.jinja"
+
+SAMPLE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+SAMPLE_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C, sunny"},
+    {"role": "assistant", "content": "It is 18 C and sunny in Paris."},
+    {"role": "user", "content": "And in Rome?"},
+]
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that cannot be compiled or rendered; the message says why."""
+
+
+class _RenderedTooLongError(Exception):
+    pass
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """JSON as Hugging Face's templates expect it: not HTML-escaped, non-ASCII kept."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(str(fmt))
+    return environment
+
+
+class ChatTemplate:
+    """A compiled chat template."""
+
+    def __init__(self, source: str) -> None:
+        if len(source) > MAX_TEMPLATE_CHARS:
+            raise ChatTemplateError(
+                f"the chat template has {len(source)} characters; at most {MAX_TEMPLATE_CHARS} are taken"
+            )
+        if not source.strip():
+            raise ChatTemplateError("the chat template is empty")
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ChatTemplateError(
+                f"the chat template is not valid Jinja (line {error.lineno}: {error.message})"
+            ) from None
+        self.source = source
+
+    @classmethod
+    def shipped(cls) -> ChatTemplate:
+        """The shipped ChatML template that renders tools and calls in the hermes format."""
+        return cls(resources.files(__package__).joinpath("templates", SHIPPED_TEMPLATE).read_text(encoding="utf-8"))
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text; ChatTemplateError if the template fails on this conversation."""
+        context = {
+            "messages": messages,
+            "tools": tools or None,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": "",
+            "eos_token": "",
+        }
+        parts: list[str] = []
+        size = 0
+        try:
+            for part in self._template.generate(**context):
+                size += len(part)
+                if size > MAX_RENDERED_CHARS:
+                    raise _RenderedTooLongError
+                parts.append(part)
+        except _RenderedTooLongError:
+            raise ChatTemplateError(f"the chat template rendered more than {MAX_RENDERED_CHARS} characters") from None
+        except jinja2.exceptions.SecurityError as error:
+            raise ChatTemplateError(f"the chat template did something the sandbox forbids: {error}") from None
+        except jinja2.TemplateError as error:
+            raise ChatTemplateError(f"the chat template failed: {error}") from None
+        except (
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            ZeroDivisionError,
+            RecursionError,
+        ) as error:
+            raise ChatTemplateError(f"the chat template failed: {type(error).__name__}: {error}") from None
+        return "".join(parts)
+
+
+def check_template(source: str) -> ChatTemplate:
+    """``source`` compiled, once it has rendered a sample conversation with tools, a call and its result.
+
+    ChatTemplateError says why it is refused: it does not compile, fails on the sample, or renders
+    neither the tools nor the call (a template that drops them would leave the model blind to its tools).
+    """
+    template = ChatTemplate(source)
+    rendered = template.render(SAMPLE_MESSAGES, SAMPLE_TOOLS)
+    for needle, what in (("get_weather", "the tools and calls"), ("18 C, sunny", "the tool's result")):
+        if needle not in rendered:
+            raise ChatTemplateError(
+                f"the chat template does not render {what} (a sample conversation showed no {needle!r})"
+            )
+    return template
