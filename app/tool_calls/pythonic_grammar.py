@@ -2,8 +2,9 @@
 
 Required properties come first, in the schema's order; optional ones may follow, any of them, each
 ``key=value``. A value has the Python spelling of its schema's type: strings double-quoted with JSON's
-escapes (and at most ``maxLength`` characters), ``True``/``False``/``None``, an ``enum``'s values exactly; arrays, objects and untyped values are
-any Python literal. Spacing is fixed (``, `` between arguments), so no run of whitespace can loop.
+escapes (at most ``maxLength`` characters), ``True``/``False``/``None``, an ``enum``'s values exactly;
+arrays, objects and untyped values are any Python literal. Spacing is fixed (``, `` between arguments),
+so no run of whitespace can loop.
 """
 
 from __future__ import annotations

@@ -69,9 +69,7 @@ class TenantKey:
 
 
 @asynccontextmanager
-async def gateway_client(
-    settings: Settings, engine: EngineClient
-) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
+async def gateway_client(settings: Settings, engine: EngineClient) -> AsyncIterator[tuple[httpx.AsyncClient, Gateway]]:
     """The app, its lifespan run on this event loop (where the test's own queries run too), and a client."""
     app = create_app(settings, engine=engine)
     async with (

@@ -21,7 +21,6 @@ SCHEMA = {
 }
 
 
-
 def test_official_client_creates_and_streams_responses(server: LiveServer, acme: TenantKey, default_engine) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=acme.key, max_retries=0)
     model = default_engine.model_name

@@ -25,19 +25,39 @@ def test_smoke_run_writes_two_loadable_adapters_and_answers(tmp_path: Path) -> N
     out = tmp_path / "adapters"
 
     result = subprocess.run(
-        [sys.executable, "scripts/make_demo_adapters.py", "--model", str(model), "--out", str(out), "--steps", "2",
-         "--max-new-tokens", "4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "scripts/make_demo_adapters.py",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines if line.startswith(("base:", "pirate:", "french:"))] == [
-        "base", "pirate", "french"]
+        "base",
+        "pirate",
+        "french",
+    ]
     config = ModelConfig.from_folder(model)
     pirate, french = load_lora_adapter(out / "pirate", config), load_lora_adapter(out / "french", config)
-    assert pirate.ranks == french.ranks == {m: 8 for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                              "up_proj", "down_proj")}
+    assert (
+        pirate.ranks
+        == french.ranks
+        == {m: 8 for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+    )
     assert pirate.digest != french.digest
     # Two AdamW steps moved B away from PEFT's zero init, so each adapter changes the model.
     assert all(weights.b.abs().max() > 0 for layer in pirate.layers for weights in layer.values())
