@@ -86,7 +86,7 @@ class OpenAIService:
         return replies.completion(reply, await last_outputs(first, outputs, body.model))
 
     def chat_style(self, model: ResolvedModel) -> ChatStyle:
-        """How chat on ``model`` is rendered and read: the base model's style (an adapter's own comes with it)."""
+        """How chat on ``model`` is rendered and read: the base model's template and format (adapters share them)."""
         return self.base_style
 
     def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:

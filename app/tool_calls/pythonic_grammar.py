@@ -2,8 +2,9 @@
 
 Required properties come first, in the schema's order; optional ones may follow, any of them, each
 ``key=value``. A value has the Python spelling of its schema's type: strings double-quoted with JSON's
-escapes, ``True``/``False``/``None``, an ``enum``'s values exactly; arrays, objects and untyped values are
-any Python literal. Spacing is fixed (``, `` between arguments), so no run of whitespace can loop.
+escapes (at most ``maxLength`` characters), ``True``/``False``/``None``, an ``enum``'s values exactly;
+arrays, objects and untyped values are any Python literal. Spacing is fixed (``, `` between arguments),
+so no run of whitespace can loop.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+_STRING_CHAR = r'([^"\\\r\n] | "\\" ["\\nrt])'
 _GENERIC_RULES = r"""
 py_string ::= "\"" ([^"\\\r\n] | "\\" ["\\nrt])* "\""
 py_int ::= "-"? [0-9]+
@@ -48,6 +50,8 @@ def _value(schema: Any) -> str:
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return "(" + " | ".join(json.dumps(_python_literal(v)) for v in schema["enum"]) + ")"
     kind = schema.get("type")
+    if kind == "string" and isinstance(schema.get("maxLength"), int) and schema["maxLength"] >= 0:
+        return f'("\\"" {_STRING_CHAR}{{0,{schema["maxLength"]}}} "\\"")'
     if kind == "null":
         return '"None"'
     return _TYPED_VALUES.get(kind, "py_value") if isinstance(kind, str) else "py_value"

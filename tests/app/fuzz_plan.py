@@ -21,7 +21,7 @@ The edits (``fit_case``):
 - structured output keeps the rules stated in words: exactly one of ``structured_outputs``' ``json``, ``regex``
   and ``choice``, one constraint per request (``structured_outputs``, ``response_format``, a tool choice), a
   ``json_schema`` format with its schema, tools with unique names and a ``tool_choice`` that names one of them
-  (``auto``, refused by design, becomes ``required``), a ``tool`` message with its ``tool_call_id``, no
+  (or ``auto``, or none: the model's choice between text and calls), a ``tool`` message with its ``tool_call_id``, no
   ``min_tokens`` under a constraint; made-up schemas and regexes (which xgrammar rightly refuses) become a
   plain object schema and a simple pattern;
 - a Responses request's ``max_output_tokens`` is capped and set like ``max_tokens``; an empty ``input`` becomes a
@@ -306,9 +306,9 @@ def _fit_structured(body: dict[str, Any]) -> None:
             body.pop("tool_choice", None)
         elif constrained:
             body["tool_choice"] = "none"
-        elif choice in (None, "auto") or (isinstance(choice, dict) and named not in unique):
+        elif isinstance(choice, dict) and named not in unique:
             body["tool_choice"] = "required"
-        constrained = constrained or body.get("tool_choice") not in (None, "none")
+        constrained = constrained or (bool(unique) and body.get("tool_choice") != "none")  # auto constrains too
     elif not tools and body.get("tool_choice") not in (None, "none"):
         body.pop("tool_choice")
     for message in body.get("messages") or []:

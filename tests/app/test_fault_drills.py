@@ -181,9 +181,7 @@ async def test_the_database_away_for_10_s_cached_keys_serve_and_usage_waits(
             ready_after = await client.get("/ready")
             rows = await usage_rows(gateway)
 
-        assert [r.status_code for r in during] == [200] * len(during), [
-            r.text for r in during if r.status_code != 200
-        ]
+        assert [r.status_code for r in during] == [200] * len(during), [r.text for r in during if r.status_code != 200]
         assert ready.status_code == 200 and ready.json() == {
             "status": "degraded",
             "checks": {"model": True, "database": False},

@@ -74,8 +74,20 @@ async def test_openapi_schema_shows_the_sampling_and_logprob_parameters(gateway_
     async with gateway_client(gateway_settings, default_engine) as (client, _):
         schema = (await client.get("/schema/openapi.json")).json()
     components = schema["components"]["schemas"]
-    shared = {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "min_p",
-              "top_k", "stop_token_ids", "ignore_eos", "best_of", "seed"}
+    shared = {
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_tokens",
+        "min_p",
+        "top_k",
+        "stop_token_ids",
+        "ignore_eos",
+        "best_of",
+        "seed",
+    }
     wanted = {
         "ChatCompletionRequest": shared | {"logprobs", "top_logprobs", "store", "metadata", "service_tier"},
         "CompletionRequest": shared | {"logprobs", "echo", "prompt_logprobs", "suffix"},

@@ -181,3 +181,16 @@ def test_an_enum_schema_yields_one_of_its_values_on_the_default_model(tmp_path: 
             assert output.finish_reason == "stop"
             assert json.loads(output.text)["colour"] in {"red", "green", "blue"}
             assert set(json.loads(output.text)) == {"colour"}
+
+
+def test_json_may_hold_whitespace_as_models_write_it_in_bounded_runs(tiny_llama: Path) -> None:
+    """A model that writes ``{\\n  "name"`` must be able to; a run longer than MAX_JSON_WHITESPACE cannot loop."""
+    from engine.grammar import MAX_JSON_WHITESPACE
+
+    compiler = _compiler(tiny_llama)
+    indented = '{\n  "size": "large",\n  "name": "x"\n}'
+    too_long = "{" + " " * (MAX_JSON_WHITESPACE + 1) + '"size": "large", "name": "x"}'
+    for constraint in (GrammarConstraint.json_object(), GrammarConstraint.json_schema(SCHEMA)):
+        compiled = compiler.compile(constraint)
+        assert xgrammar.GrammarMatcher(compiled).accept_string(indented)
+        assert not xgrammar.GrammarMatcher(compiled).accept_string(too_long)

@@ -77,21 +77,46 @@ def good(tmp_path_factory: pytest.TempPathFactory, base_config: LlamaConfig) -> 
     ("lora", "modules", "ranks"),
     [
         pytest.param(dict(r=4, lora_alpha=8, target_modules=ATTENTION), ATTENTION, None, id="plain"),
-        pytest.param(dict(r=8, lora_alpha=16, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"]),
-                     ["q_proj", "v_proj", "down_proj"], None, id="rslora"),
         pytest.param(
-            dict(r=4, lora_alpha=8, target_modules="all-linear",
-                 rank_pattern={"q_proj": 2, "model.layers.1.mlp.down_proj": 16},
-                 alpha_pattern={"v_proj": 32, "layers.0.self_attn.o_proj": 3}),
-            list(PROJECTIONS), {"q_proj": 2, "down_proj": 16}, id="patterns-all-linear"),
-        pytest.param(dict(r=3, lora_alpha=5, target_modules=r".*\.layers\.1\.(self_attn\.(q|k)_proj|mlp\.up_proj)"),
-                     ["q_proj", "k_proj", "up_proj"], None, id="regex"),
-        pytest.param(dict(r=2, lora_alpha=2, target_modules=["gate_proj", "o_proj"], layers_to_transform=[1]),
-                     ["o_proj", "gate_proj"], None, id="layers-to-transform"),
+            dict(r=8, lora_alpha=16, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"]),
+            ["q_proj", "v_proj", "down_proj"],
+            None,
+            id="rslora",
+        ),
+        pytest.param(
+            dict(
+                r=4,
+                lora_alpha=8,
+                target_modules="all-linear",
+                rank_pattern={"q_proj": 2, "model.layers.1.mlp.down_proj": 16},
+                alpha_pattern={"v_proj": 32, "layers.0.self_attn.o_proj": 3},
+            ),
+            list(PROJECTIONS),
+            {"q_proj": 2, "down_proj": 16},
+            id="patterns-all-linear",
+        ),
+        pytest.param(
+            dict(r=3, lora_alpha=5, target_modules=r".*\.layers\.1\.(self_attn\.(q|k)_proj|mlp\.up_proj)"),
+            ["q_proj", "k_proj", "up_proj"],
+            None,
+            id="regex",
+        ),
+        pytest.param(
+            dict(r=2, lora_alpha=2, target_modules=["gate_proj", "o_proj"], layers_to_transform=[1]),
+            ["o_proj", "gate_proj"],
+            None,
+            id="layers-to-transform",
+        ),
     ],
 )
-def test_folded_tensors_equal_peft_delta(tmp_path: Path, base_config: LlamaConfig, model: ModelConfig,
-                                         lora: dict, modules: list[str], ranks: dict[str, int] | None) -> None:
+def test_folded_tensors_equal_peft_delta(
+    tmp_path: Path,
+    base_config: LlamaConfig,
+    model: ModelConfig,
+    lora: dict,
+    modules: list[str],
+    ranks: dict[str, int] | None,
+) -> None:
     peft_model = make_adapter(tmp_path, base_config, **lora)
     adapter = load_lora_adapter(tmp_path, model)
 
@@ -109,8 +134,9 @@ def test_folded_tensors_equal_peft_delta(tmp_path: Path, base_config: LlamaConfi
             assert weights.a.device.type == "cpu"
 
 
-def test_regex_and_layer_filters_leave_other_layers_empty(tmp_path: Path, base_config: LlamaConfig,
-                                                          model: ModelConfig) -> None:
+def test_regex_and_layer_filters_leave_other_layers_empty(
+    tmp_path: Path, base_config: LlamaConfig, model: ModelConfig
+) -> None:
     make_adapter(tmp_path, base_config, r=2, target_modules=r"model\.layers\.1\.self_attn\.v_proj")
     adapter = load_lora_adapter(tmp_path, model)
     assert adapter.layers[0] == {}
@@ -137,8 +163,9 @@ def test_default_adapter_name_infix_is_accepted(tmp_path: Path, good: Path, mode
         torch.testing.assert_close(loaded_deltas(infixed)[key], delta, rtol=0, atol=0)
 
 
-def test_digest_is_stable_and_follows_content(tmp_path: Path, good: Path, base_config: LlamaConfig,
-                                              model: ModelConfig) -> None:
+def test_digest_is_stable_and_follows_content(
+    tmp_path: Path, good: Path, base_config: LlamaConfig, model: ModelConfig
+) -> None:
     first = load_lora_adapter(good, model)
     config_bytes = (good / "adapter_config.json").read_bytes()
     weights_bytes = (good / "adapter_model.safetensors").read_bytes()
@@ -205,44 +232,81 @@ def _lonely_a(tensors: dict[str, torch.Tensor]) -> None:
 
 REJECTIONS = [
     pytest.param(lambda f: shutil.rmtree(f), AdapterNotFoundError, "does not exist", id="missing-folder"),
-    pytest.param(lambda f: (f / "adapter_config.json").unlink(), AdapterNotFoundError, "no adapter_config.json",
-                 id="missing-config"),
-    pytest.param(lambda f: (f / "adapter_model.safetensors").unlink(), AdapterNotFoundError,
-                 "no adapter_model.safetensors", id="missing-weights"),
+    pytest.param(
+        lambda f: (f / "adapter_config.json").unlink(),
+        AdapterNotFoundError,
+        "no adapter_config.json",
+        id="missing-config",
+    ),
+    pytest.param(
+        lambda f: (f / "adapter_model.safetensors").unlink(),
+        AdapterNotFoundError,
+        "no adapter_model.safetensors",
+        id="missing-weights",
+    ),
     pytest.param(_only_bin, AdapterFormatError, "never unpickles", id="pickled-bin"),
-    pytest.param(lambda f: (f / "adapter_config.json").write_text("{'r': 4,"), AdapterFormatError, "not valid JSON",
-                 id="invalid-json"),
-    pytest.param(lambda f: edit_config(f, peft_type="IA3"), UnsupportedAdapterError, "peft_type is 'IA3'",
-                 id="not-lora"),
+    pytest.param(
+        lambda f: (f / "adapter_config.json").write_text("{'r': 4,"),
+        AdapterFormatError,
+        "not valid JSON",
+        id="invalid-json",
+    ),
+    pytest.param(
+        lambda f: edit_config(f, peft_type="IA3"), UnsupportedAdapterError, "peft_type is 'IA3'", id="not-lora"
+    ),
     pytest.param(lambda f: edit_config(f, use_dora=True), UnsupportedAdapterError, "DoRA", id="dora"),
     pytest.param(lambda f: edit_config(f, bias="all"), UnsupportedAdapterError, "bias='all'", id="bias"),
-    pytest.param(lambda f: edit_config(f, modules_to_save=["lm_head"]), UnsupportedAdapterError, "modules_to_save",
-                 id="modules-to-save"),
-    pytest.param(lambda f: edit_config(f, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"]),
-                 UnsupportedAdapterError, "lm_head", id="lm-head-target"),
-    pytest.param(lambda f: edit_tensors(f, _embedding_tensor), UnsupportedAdapterError, "embed_tokens",
-                 id="embedding-tensor"),
-    pytest.param(lambda f: edit_config(f, target_modules=["c_attn", "q_proj"]), AdapterMismatchError,
-                 "'c_attn' does not exist", id="unknown-target"),
-    pytest.param(lambda f: edit_config(f, target_modules=r".*\.attn\.c_proj"), AdapterMismatchError,
-                 "matches no module", id="regex-matches-nothing"),
-    pytest.param(lambda f: edit_config(f, r=8), AdapterFormatError, "rank 4 in the weights but 8",
-                 id="config-rank-mismatch"),
-    pytest.param(lambda f: edit_tensors(f, _rank_mismatch), AdapterFormatError, "lora_B of rank 5",
-                 id="a-b-rank-mismatch"),
+    pytest.param(
+        lambda f: edit_config(f, modules_to_save=["lm_head"]),
+        UnsupportedAdapterError,
+        "modules_to_save",
+        id="modules-to-save",
+    ),
+    pytest.param(
+        lambda f: edit_config(f, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"]),
+        UnsupportedAdapterError,
+        "lm_head",
+        id="lm-head-target",
+    ),
+    pytest.param(
+        lambda f: edit_tensors(f, _embedding_tensor), UnsupportedAdapterError, "embed_tokens", id="embedding-tensor"
+    ),
+    pytest.param(
+        lambda f: edit_config(f, target_modules=["c_attn", "q_proj"]),
+        AdapterMismatchError,
+        "'c_attn' does not exist",
+        id="unknown-target",
+    ),
+    pytest.param(
+        lambda f: edit_config(f, target_modules=r".*\.attn\.c_proj"),
+        AdapterMismatchError,
+        "matches no module",
+        id="regex-matches-nothing",
+    ),
+    pytest.param(
+        lambda f: edit_config(f, r=8), AdapterFormatError, "rank 4 in the weights but 8", id="config-rank-mismatch"
+    ),
+    pytest.param(
+        lambda f: edit_tensors(f, _rank_mismatch), AdapterFormatError, "lora_B of rank 5", id="a-b-rank-mismatch"
+    ),
     pytest.param(lambda f: edit_tensors(f, _nan), AdapterFormatError, "NaN", id="nan"),
-    pytest.param(lambda f: edit_tensors(f, _untargeted_tensor), AdapterFormatError, "does not target",
-                 id="untargeted-tensor"),
-    pytest.param(lambda f: edit_tensors(f, _lonely_a), AdapterFormatError, "has lora_A but no lora_B",
-                 id="missing-b"),
+    pytest.param(
+        lambda f: edit_tensors(f, _untargeted_tensor), AdapterFormatError, "does not target", id="untargeted-tensor"
+    ),
+    pytest.param(lambda f: edit_tensors(f, _lonely_a), AdapterFormatError, "has lora_A but no lora_B", id="missing-b"),
     pytest.param(_truncate, AdapterFormatError, "corrupt or truncated", id="truncated"),
 ]
 
 
 @pytest.mark.parametrize(("spoil", "error", "message"), REJECTIONS)
-def test_bad_adapters_are_refused_with_a_typed_error(tmp_path: Path, good: Path, model: ModelConfig,
-                                                     spoil: Callable[[Path], None], error: type[AdapterError],
-                                                     message: str) -> None:
+def test_bad_adapters_are_refused_with_a_typed_error(
+    tmp_path: Path,
+    good: Path,
+    model: ModelConfig,
+    spoil: Callable[[Path], None],
+    error: type[AdapterError],
+    message: str,
+) -> None:
     folder = copy(good, tmp_path / "adapter")
     spoil(folder)
     with pytest.raises(error, match=re.escape(message)):
@@ -250,18 +314,31 @@ def test_bad_adapters_are_refused_with_a_typed_error(tmp_path: Path, good: Path,
 
 
 def test_adapter_for_another_model_names_the_tensor(tmp_path: Path, model: ModelConfig) -> None:
-    other = LlamaConfig(vocab_size=320, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2)
+    other = LlamaConfig(
+        vocab_size=320,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     make_adapter(tmp_path, other, r=4, target_modules=["q_proj"])
-    with pytest.raises(AdapterMismatchError, match=re.escape("model.layers.0.self_attn.q_proj has lora_A [4, 96]")) \
-            as caught:
+    with pytest.raises(
+        AdapterMismatchError, match=re.escape("model.layers.0.self_attn.q_proj has lora_A [4, 96]")
+    ) as caught:
         load_lora_adapter(tmp_path, model)
     assert "must be [r, 64] and [64, r]" in str(caught.value)
 
 
 def test_adapter_with_more_layers_is_refused(tmp_path: Path, model: ModelConfig) -> None:
-    deeper = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2)
+    deeper = LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     make_adapter(tmp_path, deeper, r=2, target_modules=["v_proj"])
     with pytest.raises(AdapterMismatchError, match="layer 2 but the base model has 2 layers"):
         load_lora_adapter(tmp_path, model)

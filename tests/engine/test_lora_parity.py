@@ -19,8 +19,10 @@ ADAPTERS = {
     "plain": dict(r=8, target_modules=["q_proj", "v_proj"]),
     "rslora_all": dict(r=16, target_modules="all-linear", use_rslora=True),
     "patterns": dict(
-        r=4, target_modules=["q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"],
-        rank_pattern={"layers.1.mlp.down_proj": 12}, alpha_pattern={"o_proj": 40},
+        r=4,
+        target_modules=["q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"],
+        rank_pattern={"layers.1.mlp.down_proj": 12},
+        alpha_pattern={"o_proj": 40},
     ),
     "mlp_r2": dict(r=2, target_modules=["up_proj", "down_proj"], lora_alpha=4),
 }
@@ -95,8 +97,12 @@ def test_mixed_batch_greedy_tokens_match_peft(base_folder, adapter_folders, peft
         prompt_ids = torch.tensor([prompt])
         with torch.no_grad():
             ref = peft_model.generate(
-                input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=MAX_TOKENS,
-                min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0,
+                input_ids=prompt_ids,
+                attention_mask=torch.ones_like(prompt_ids),
+                max_new_tokens=MAX_TOKENS,
+                min_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                pad_token_id=0,
                 adapter_names=[adapter if adapter is not None else "__base__"],
             )
-        assert finals[request_id].token_ids == ref[0, len(prompt):].tolist(), f"row with adapter {adapter}"
+        assert finals[request_id].token_ids == ref[0, len(prompt) :].tolist(), f"row with adapter {adapter}"

@@ -8,8 +8,15 @@ from engine.page_pool import OwnerKind, PagePool
 
 
 def _pool(num_pages: int = 6) -> PagePool:
-    return PagePool(num_pages, num_layers=2, block_size=4, num_kv_heads=1, head_dim=8,
-                    dtype=torch.float32, device=torch.device("cpu"))
+    return PagePool(
+        num_pages,
+        num_layers=2,
+        block_size=4,
+        num_kv_heads=1,
+        head_dim=8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
 
 
 def test_layout_matches_the_design() -> None:

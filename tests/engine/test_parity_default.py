@@ -56,7 +56,7 @@ def reference(model_folder: Path, prompts: list[list[int]]) -> list[list[int]]:
     for prompt in prompts:
         ids = torch.tensor([prompt])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False)
-        refs.append(out[0, len(prompt):].tolist())
+        refs.append(out[0, len(prompt) :].tolist())
     return refs
 
 

@@ -28,9 +28,15 @@ def _reference(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
     refs = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                             min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
-        refs.append(out[0, len(prompt):].tolist())
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_TOKENS,
+            min_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        refs.append(out[0, len(prompt) :].tolist())
     return refs
 
 

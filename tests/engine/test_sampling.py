@@ -31,12 +31,15 @@ def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(tiny_llama: Pat
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(tiny_llama: Path) -> None:
-    greedy, top_k, top_p, least_top_p = _generate(tiny_llama, [
-        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
-        SamplingParams(max_tokens=10, temperature=1.0, top_k=1, seed=3, ignore_eos=True),
-        SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, seed=4, ignore_eos=True),
-        SamplingParams(max_tokens=10, temperature=1.0, top_p=5e-324, seed=5, ignore_eos=True),  # 0 in fp32
-    ])
+    greedy, top_k, top_p, least_top_p = _generate(
+        tiny_llama,
+        [
+            SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_tokens=10, temperature=1.0, top_k=1, seed=3, ignore_eos=True),
+            SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-6, seed=4, ignore_eos=True),
+            SamplingParams(max_tokens=10, temperature=1.0, top_p=5e-324, seed=5, ignore_eos=True),  # 0 in fp32
+        ],
+    )
     assert top_k.token_ids == greedy.token_ids
     assert top_p.token_ids == greedy.token_ids
     assert least_top_p.token_ids == greedy.token_ids
@@ -47,9 +50,9 @@ def test_max_tokens_and_stop_token_ids(tiny_llama: Path) -> None:
     assert len(greedy.token_ids) == 10 and greedy.finish_reason == "length"
     stop_id = greedy.token_ids[4]
     first = greedy.token_ids.index(stop_id)
-    stopped = _generate(tiny_llama, [
-        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_id,))
-    ])[0]
+    stopped = _generate(
+        tiny_llama, [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_id,))]
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == greedy.token_ids[: first + 1]
 

@@ -33,8 +33,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, seed:
 @pytest.mark.parametrize("hidden", [576, 100, 7])  # SmolLM2's, one with a 4-float tail, one shorter than a vector
 @pytest.mark.parametrize("num_tokens", [1, 13, 257])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_add_rms_norm_matches_reference_and_torch(native, hidden: int, num_tokens: int, with_residual: bool,
-                                                  seed: int):
+def test_add_rms_norm_matches_reference_and_torch(native, hidden: int, num_tokens: int, with_residual: bool, seed: int):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(num_tokens, hidden, generator=gen) * 3  # [tokens, hidden]
     residual = torch.randn(num_tokens, hidden, generator=gen) if with_residual else None  # [tokens, hidden]
@@ -124,8 +123,9 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor)
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 48), (8, 2, 6)])
 @pytest.mark.parametrize("num_tokens", [1, 45])
-def test_rope_kv_write_matches_reference_and_torch(native, num_heads: int, num_kv_heads: int, head_dim: int,
-                                                   num_tokens: int, seed: int):
+def test_rope_kv_write_matches_reference_and_torch(
+    native, num_heads: int, num_kv_heads: int, head_dim: int, num_tokens: int, seed: int
+):
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     block_size = 16
@@ -152,8 +152,9 @@ def test_rope_kv_write_matches_reference_and_torch(native, num_heads: int, num_k
     qkv_torch, pool_torch = qkv.clone(), storage.clone()
     rope_kv_write_torch(qkv_torch, cos, signed_sin, pool_torch, LAYER, kv_rows, num_heads, num_kv_heads)
     qkv_dispatched, pool_dispatched = qkv.clone(), storage.clone()
-    rope_kv_write(qkv_dispatched, cos, signed_sin, pool_dispatched, LAYER, kv_rows, num_heads, num_kv_heads,
-                  KernelBackend.NATIVE)
+    rope_kv_write(
+        qkv_dispatched, cos, signed_sin, pool_dispatched, LAYER, kv_rows, num_heads, num_kv_heads, KernelBackend.NATIVE
+    )
 
     assert_close(qkv_native[:, : q_heads + kv_width].double(), rotated, TOL, seed)
     assert_close(qkv_native[:, q_heads + kv_width :], qkv[:, q_heads + kv_width :], 0.0, seed)  # v untouched

@@ -18,10 +18,30 @@ REPORTED = ("requests", "errors", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "i
 
 def test_short_load_run_streams_every_request_to_done_without_errors() -> None:
     result = subprocess.run(
-        [sys.executable, "scripts/load_test.py", "--clients", str(NUM_CLIENTS), "--duration", "3",
-         "--rss-baseline-after", "1", "--tenants", str(NUM_TENANTS), "--adapters-per-tenant", str(ADAPTERS_PER_TENANT),
-         "--max-tokens", "4", "--pool-mb", "256", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "scripts/load_test.py",
+            "--clients",
+            str(NUM_CLIENTS),
+            "--duration",
+            "3",
+            "--rss-baseline-after",
+            "1",
+            "--tenants",
+            str(NUM_TENANTS),
+            "--adapters-per-tenant",
+            str(ADAPTERS_PER_TENANT),
+            "--max-tokens",
+            "4",
+            "--pool-mb",
+            "256",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
 
     assert result.returncode == 0, result.stderr[-4000:]
