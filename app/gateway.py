@@ -52,7 +52,12 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
     as replicas on Ray Serve (``LORAPLEX_ENGINE=ray``; Ray is imported only then).
     """
     folder = resolve_model(settings.model, settings.home)
-    config = EngineConfig(model=str(folder), pool_bytes=settings.pool_bytes, max_num_seqs=settings.max_num_seqs)
+    config = EngineConfig(
+        model=str(folder),
+        pool_bytes=settings.pool_bytes,
+        max_num_seqs=settings.max_num_seqs,
+        num_speculative_tokens=settings.num_speculative_tokens,
+    )
     name = settings.served_model_name or folder.name
     if settings.engine == "thread":
         return LocalEngineClient(config, name)

@@ -17,6 +17,7 @@ _FALSE_WORDS = ("0", "false", "no", "off")
 # A full context of a long-context model (128k tokens, about 512 KiB of text) with room for JSON escapes;
 # the default model's context fits in a few hundred KiB. Bodies are parsed before the key is checked.
 DEFAULT_MAX_REQUEST_KB = 4096
+DEFAULT_SPECULATIVE_TOKENS = 5  # measured best on the input-grounded benchmark (docs/speculative-decoding.md)
 # Where the engine runs: on this machine ("local": a worker process of its own fed over a socket, also
 # spelled "process"; "thread": a thread of the gateway's process), or as replicas on Ray Serve ("ray").
 ENGINE_KINDS = ("local", "process", "thread", "ray")
@@ -76,6 +77,10 @@ class Settings:
     max_num_seqs: int = 64
     """Most sequences the engine runs at once (LORAPLEX_MAX_NUM_SEQS)."""
 
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    """Most tokens n-gram speculative decoding proposes per sequence and step; 0 turns it off
+    (LORAPLEX_NUM_SPECULATIVE_TOKENS). Outputs are the same either way; see docs/speculative-decoding.md."""
+
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
 
@@ -133,6 +138,7 @@ class Settings:
             ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS") or 64,
+            num_speculative_tokens=_count(env, "LORAPLEX_NUM_SPECULATIVE_TOKENS", DEFAULT_SPECULATIVE_TOKENS),
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
             max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK") or 256,
@@ -173,6 +179,20 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
     if number < 1:
         raise SettingsError(f"{name} must be at least 1, got {number}")
+    return number
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 0 (0 turns the feature off); ``default`` when unset."""
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 0:
+        raise SettingsError(f"{name} must be 0 (off) or more, got {number}")
     return number
 
 

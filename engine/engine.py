@@ -417,6 +417,8 @@ class Engine:
             running_adapters=_adapter_names(self.scheduler.running),
             waiting_adapters=_adapter_names(self.scheduler.waiting),
             max_adapters=self.adapters.capacity(),
+            num_proposed_tokens=dict(self.speculator.stats.num_proposed) if self.speculator else {},
+            num_accepted_tokens=dict(self.speculator.stats.num_accepted) if self.speculator else {},
         )
 
 

@@ -82,3 +82,11 @@ class EngineStats:
     waiting_adapters: list[str] = field(default_factory=list)  # the same for waiting sequences
     max_adapters: int = 0  # adapters the engine can hold at once (AdapterCache.capacity)
     num_registered_adapters: int = 0  # adapters registered (host tier), resident in the pool or not
+    num_proposed_tokens: dict[str, int] = field(default_factory=dict)  # speculative proposals, by adapter ("": base)
+    num_accepted_tokens: dict[str, int] = field(default_factory=dict)  # the proposed tokens verification accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over proposed speculative tokens since the engine started (0 before any proposal)."""
+        proposed = sum(self.num_proposed_tokens.values())
+        return sum(self.num_accepted_tokens.values()) / proposed if proposed else 0.0
