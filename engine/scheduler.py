@@ -206,6 +206,7 @@ class Scheduler:
     def verified(self, seq: Sequence, num_accepted: int) -> None:
         """Count ``seq``'s accepted proposed tokens (appended by now) as computed; free the rejected ones' blocks."""
         seq.num_computed_tokens += num_accepted
+        self.waiting.charge(seq, 0, num_accepted)  # the tenant is served every token it gets, not one per step
         self.kv.rollback_slots(seq)
         self.kv.register_full_blocks(seq)
 
