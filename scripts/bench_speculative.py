@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests-1", type=int, default=4, help="requests served one at a time")
     parser.add_argument("--adapter-dir", type=Path, default=Path(tempfile.gettempdir()) / "loraplex-bench-spec")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY), help="levels to run")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(0)
     names = [f"a{i}" for i in range(NUM_ADAPTERS)] + [None]
     times: dict[tuple[int, str], list[float]] = {}
-    for concurrency in CONCURRENCY:
+    levels = args.concurrency
+    for concurrency in levels:
         num = args.requests_1 if concurrency == 1 else concurrency
         texts = [make_prompt(rng) for _ in range(num)]
         prompts = [
@@ -140,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     stats = on.speculator.stats
     report = {
         f"speedup_{c}": round(statistics.median(times[c, "off"]) / statistics.median(times[c, "on"]), 3)
-        for c in CONCURRENCY
+        for c in levels
     }
     report |= {
         "acceptance_rate": round(stats.acceptance_rate, 3),
         "num_proposed_tokens": sum(stats.num_proposed.values()),
         "num_accepted_tokens": sum(stats.num_accepted.values()),
         "seconds": {
-            f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in CONCURRENCY for label in ("on", "off")
+            f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in levels for label in ("on", "off")
         },
         "k": args.k,
         "rounds": args.rounds,
