@@ -21,7 +21,9 @@ DEFAULT_GPU_MEMORY_FRACTION = 0.85  # of the memory left free after the weights 
 DEFAULT_HOST_ADAPTER_BYTES = 4 * 1024**3  # about 400 rank-16 all-linear adapters of SmolLM2
 SCHEDULING_POLICIES = ("fair", "fifo")
 KERNEL_CHOICES = ("auto", "torch", "native", "triton")
-NATIVE_HEAD_DIM_MULTIPLE = 8  # the native attention's vectors are 8 floats wide
+NATIVE_HEAD_DIM_MULTIPLE = 8
+DEFAULT_SPECULATIVE_TOKENS = 0  # off until a server enables it
+DEFAULT_SPECULATIVE_STEP_TOKENS = 32  # the native attention's vectors are 8 floats wide
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,27 @@ class EngineConfig:
     "native" (the C++ CPU kernels, built once on first use), "torch", or "auto" (triton on CUDA; on CPU
     native when it builds and the model runs in fp32 or bf16, else torch with a warning)."""
 
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    """k: most tokens proposed per sequence and step by n-gram prompt lookup and verified in the step; 0 turns
+    speculative decoding off. The output is the same with or without it (docs/speculative-decoding.md)."""
+    prompt_lookup_min: int = 2
+    """Shortest suffix of a sequence's tokens looked up in its earlier tokens to propose what followed."""
+    prompt_lookup_max: int = 5
+    """Longest suffix looked up (the longest that matches wins)."""
+    speculative_max_step_tokens: int = DEFAULT_SPECULATIVE_STEP_TOKENS
+    """Proposals fill a step only up to this many rows (decode rows and prefill chunks included): beyond it
+    the step is compute-bound and extra rows cost more than they save, so busy steps run without."""
+
     def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 0:
+            raise ConfigError(f"num_speculative_tokens must be 0 (off) or positive, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ConfigError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) and prompt_lookup_max ({self.prompt_lookup_max}) "
+                "must satisfy 1 <= min <= max"
+            )
+        if self.speculative_max_step_tokens < 1:
+            raise ConfigError(f"speculative_max_step_tokens must be positive, got {self.speculative_max_step_tokens}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -30,9 +30,11 @@ from engine.sampling_batch import build_sampling_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
+from engine.speculation import Speculator
 from engine.step_batch import build_step_batch
 from engine.step_result import StepResult, fork_choices, prompt_scores
 from engine.token_bytes import TokenBytes
+from engine.verification import Verified, accept, generator_states, rewind_generators
 from engine.weights import load_weights
 
 if TYPE_CHECKING:
@@ -67,12 +69,23 @@ class Engine:
         self.pool = make_pool(config, self.model_config, self.precision.activation_dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
+        self.speculator = (
+            Speculator(
+                config.num_speculative_tokens,
+                config.prompt_lookup_min,
+                config.prompt_lookup_max,
+                config.speculative_max_step_tokens,
+            )
+            if config.num_speculative_tokens
+            else None
+        )
         self.scheduler = Scheduler(
             self.kv,
             self.adapters,
             config.max_num_seqs,
             config.max_num_batched_tokens,
             QUEUE_BY_POLICY[config.scheduling_policy](),
+            self.speculator,
         )
         self._eos_ids = frozenset(self.model_config.eos_token_ids) | frozenset(
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
@@ -243,7 +256,10 @@ class Engine:
         return failed + self._update(scheduled, result)
 
     def _run(self, items: tuple[ScheduledSeq, ...]) -> StepResult:
-        """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork)."""
+        """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork).
+
+        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more.
+        """
         if not items:
             return StepResult()
         batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels)
@@ -252,9 +268,12 @@ class Engine:
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
         sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
         sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
+        states = generator_states(seqs)
         out = sample(sampled_logits, sampling, self.kernels)
+        verified = accept(seqs, out.token_ids, out.logprobs)
+        rewind_generators(states, verified)
         return StepResult(
-            sampled=list(zip(seqs, out.token_ids, out.logprobs, strict=True)),
+            sampled=verified,
             scores=prompt_scores(batch, logits[num_sampled:]),
             forks=forks,
         )
@@ -297,7 +316,8 @@ class Engine:
         for parent, children in result.forks:
             self._fork(parent, children)
         outputs = []
-        for seq, token_id, logprob in result.sampled:
+        for verified in result.sampled:
+            seq = verified.seq
             if seq.index == 0 and seq.num_output_tokens == 0 and seq.num_preemptions == 0:
                 self._totals["prompt"] += seq.num_prompt_tokens
                 self._totals["cached"] += seq.num_cached_tokens
@@ -305,18 +325,38 @@ class Engine:
                 self._finish(seq, FinishReason.LENGTH)
                 outputs.append(RequestOutput.of(seq, [], "", request_finished=self._request_finished(seq)))
                 continue
-            self._totals["generated"] += 1
             try:
-                if logprob is not None:
-                    seq.logprobs.append(logprob)
-                delta = seq.append_token(token_id)
+                token_ids, delta = self._append(verified)
             except Exception as error:  # e.g. detokenizing or a stop check: only this request fails
                 outputs.append(self._fail(seq, error))
                 continue
             if seq.finish_reason is not None:
                 self._finish(seq, seq.finish_reason)
-            outputs.append(RequestOutput.of(seq, [token_id], delta, request_finished=self._request_finished(seq)))
+            outputs.append(RequestOutput.of(seq, token_ids, delta, request_finished=self._request_finished(seq)))
         return outputs
+
+    def _append(self, verified: Verified) -> tuple[list[int], str]:
+        """Give a sequence its tokens from the step, in order, until one ends it; the tokens taken and their text.
+
+        A speculating sequence's accepted proposal becomes computed KV; the blocks of the rest go back.
+        """
+        seq = verified.seq
+        token_ids: list[int] = []
+        delta = ""
+        for token_id, logprob in zip(verified.token_ids, verified.logprobs, strict=True):
+            self._totals["generated"] += 1
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            delta += seq.append_token(token_id)
+            token_ids.append(token_id)
+            if seq.finish_reason is not None:
+                break
+        if verified.num_proposed:
+            num_accepted = len(verified.token_ids) - 1
+            self.speculator.record(seq, verified.num_proposed, num_accepted)
+            if seq.finish_reason is None:
+                self.scheduler.verified(seq, num_accepted)
+        return token_ids, delta
 
     def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Start ``children`` from ``parent``'s computed prompt: its blocks shared, each choice on its own from now."""
@@ -387,6 +427,8 @@ class Engine:
             activation_dtype=dtype_name(self.precision.activation_dtype),
             weight_format=self.precision.weight_format,
             precision_reason=self.precision.reason,
+            num_proposed_tokens=dict(self.speculator.stats.num_proposed) if self.speculator else {},
+            num_accepted_tokens=dict(self.speculator.stats.num_accepted) if self.speculator else {},
         )
 
 

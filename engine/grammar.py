@@ -197,6 +197,15 @@ class GrammarState:
             raise GrammarError(f"token {token_id} does not fit the grammar; the mask should have prevented it")
         return self._matcher.is_terminated()
 
+    def try_accept(self, token_id: int) -> bool:
+        """Advance by ``token_id`` if the grammar allows it there; False (and no change) otherwise."""
+        return not self._matcher.is_terminated() and self._matcher.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` tokens accepted (proposals that were only looked ahead through)."""
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
     @property
     def is_complete(self) -> bool:
         return self._matcher.is_terminated()

@@ -84,6 +84,17 @@ class KVCacheManager:
         self.num_blocks_allocated += num_missing + copy_tail
         return True
 
+    def rollback_slots(self, seq: Sequence) -> None:
+        """Return the blocks past ``seq``'s computed tokens to the pool (slots of proposed tokens it rejected).
+
+        Their K/V was written but never counted: the next tokens overwrite it, and no such block was
+        offered to the prefix cache (only blocks of computed tokens are).
+        """
+        num_kept = self.num_blocks_for(seq.num_computed_tokens)
+        if len(seq.block_ids) > num_kept:
+            self.pool.free(seq.block_ids[num_kept:])
+            del seq.block_ids[num_kept:]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give ``child`` every block of ``parent`` (one more reference each) and its progress through them."""
         for page_id in parent.block_ids:

@@ -162,3 +162,15 @@ class EngineStats:
 
     precision_reason: str = ""
     """Why the engine runs these dtypes (see docs/precision.md)."""
+
+    num_proposed_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens proposed by speculative decoding since the engine started, by adapter ("": the base model)."""
+
+    num_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    """The proposed tokens that verification accepted, by adapter."""
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over proposed speculative tokens since the engine started (0 before any proposal)."""
+        proposed = sum(self.num_proposed_tokens.values())
+        return sum(self.num_accepted_tokens.values()) / proposed if proposed else 0.0

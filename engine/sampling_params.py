@@ -52,6 +52,9 @@ class SamplingParams:
     """Choices to generate from one prompt; they share the prompt's KV blocks."""
     constraint: GrammarConstraint | None = None
     """Structured output: the text must match it (JSON schema, any object, regex, choice) and ends when complete."""
+    speculate: bool = True
+    """Let the engine propose tokens from the text so far and verify them (when the server enables it); the
+    output is the same either way, so False only trades speed for nothing, e.g. to measure."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -6,17 +6,20 @@ from engine.adapter_cache import AdapterCache
 from engine.kv_cache_manager import KVCacheManager
 from engine.request_queue import RequestQueue
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.speculation import Speculator
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # rows in the step, proposed tokens included
+    draft_token_ids: tuple[int, ...] = ()  # proposed tokens after the sequence's last, verified in this step
 
     @property
     def samples(self) -> bool:
         """Whether this chunk reaches the end of the sequence's tokens, so the step samples a token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        num_real = self.num_new_tokens - len(self.draft_token_ids)
+        return self.seq.num_computed_tokens + num_real == self.seq.num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,10 @@ class Scheduler:
     sequence gives way when pages run out, and, before anything else in a step, which running sequence
     gives up its slot so another tenant gets its due (the fair policy; FIFO never asks). Every chunk
     scheduled is reported to the queue as it is scheduled, so it can account for each tenant's service.
+
+    Speculative decoding (``engine.speculation``) comes last: the room the step has left goes to proposed
+    tokens of decoding sequences, verified as extra rows; their slots come only from free pages (a
+    proposal never preempts anyone) and are given back for the tokens the step rejects.
     """
 
     def __init__(
@@ -51,6 +58,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         queue: RequestQueue,
+        speculator: Speculator | None = None,
     ) -> None:
         self.kv = kv
         self.adapters = adapters
@@ -59,6 +67,7 @@ class Scheduler:
         self.admission = queue
         """The admission policy: the waiting sequences, in the order the queue admits them (FIFO or fair)."""
         self.running: list[Sequence] = []
+        self.speculator = speculator
 
     def add(self, seq: Sequence) -> None:
         self.admission.push(seq)
@@ -89,6 +98,8 @@ class Scheduler:
         if len(preempted) == len(gave_way):  # pages were not short
             # Tenants that just gave slots away get none back in this step: they go to the others.
             budget = self._admit(budget, scheduled, frozenset(seq.tenant for seq in gave_way))
+        if self.speculator is not None:
+            budget = self._propose(scheduled, budget)
         return SchedulerOutput(tuple(scheduled), tuple(preempted), self.max_num_batched_tokens - budget)
 
     def _preempt_for_fairness(self) -> list[Sequence]:
@@ -123,6 +134,24 @@ class Scheduler:
             num_slots += _num_slots(seq)
             self._serve(scheduled, seq, num_new)
             budget -= num_new
+        return budget
+
+    def _propose(self, scheduled: list[ScheduledSeq], budget: int) -> int:
+        """Add proposed tokens to decoding sequences' rows in the room the step has left; the budget left after."""
+        num_rows = self.max_num_batched_tokens - budget
+        num_room = min(budget, self.speculator.max_step_tokens - num_rows)
+        if num_room <= 0:
+            return budget
+        decoding = [item.seq for item in scheduled if item.num_new_tokens == 1 and item.samples]
+        drafts = self.speculator.drafts(decoding, num_room)
+        for index, item in enumerate(scheduled):
+            draft = drafts.get(item.seq)
+            if draft is None or item.num_new_tokens != 1:
+                continue
+            if not self.kv.allocate_slots(item.seq, 1 + len(draft)):
+                continue
+            scheduled[index] = ScheduledSeq(item.seq, 1 + len(draft), draft)
+            budget -= len(draft)
         return budget
 
     def add_forked(self, parent: Sequence, children: list[Sequence]) -> None:
@@ -163,10 +192,20 @@ class Scheduler:
         self.admission.push_front(seq)
 
     def update(self, output: SchedulerOutput) -> None:
-        """Advance the computed counts of the step's sequences and register their full blocks."""
+        """Advance the computed counts of the step's sequences and register their full blocks.
+
+        Proposed tokens are not counted: :meth:`verified` counts those the step accepted.
+        """
         for item in output.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            item.seq.num_computed_tokens += item.num_new_tokens - len(item.draft_token_ids)
             self.kv.register_full_blocks(item.seq)
+
+    def verified(self, seq: Sequence, num_accepted: int) -> None:
+        """Count ``seq``'s accepted proposed tokens (appended by now) as computed; free the rejected ones' blocks."""
+        seq.num_computed_tokens += num_accepted
+        self.admission.charge(seq, 0, num_accepted)  # the tenant is served every token it gets, not one per step
+        self.kv.rollback_slots(seq)
+        self.kv.register_full_blocks(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Take a sequence out (done or aborted) and free its pages."""

@@ -62,6 +62,8 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token so far, when asked
     prompt_logprobs_done: bool = False  # every prompt token's logprob is in prompt_logprobs
     grammar: GrammarState | None = None  # structured output: where the output is in its grammar
+    speculation_rate: float = 1.0  # recent share of its proposed tokens accepted (engine/speculation.py)
+    num_steps_unspeculated: int = 0  # steps since it last proposed, while its rate is too low to propose
 
     def __post_init__(self) -> None:
         if not self.token_ids:

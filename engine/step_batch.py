@@ -6,11 +6,13 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelConfig
+from engine.grammar_mask import num_bitmask_words
 from engine.host_to_device import move_to_device
 from engine.lora_batch import LoraStep, build_lora_step
 from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
+from engine.verification import DraftPosition, draft_positions
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 from kernels.backend import KernelBackend
 from kernels.paged_prefill_attention import plan_prefill_tiles
@@ -25,7 +27,8 @@ class StepBatch:
     slot_mapping: torch.Tensor  # [num_tokens] int64, page * block_size + offset
     attention: PagedAttentionMetadata
     logits_indices: torch.Tensor  # [num_sampled + num_scored] int64: sampled rows, then prompt rows to score
-    sampled_seqs: tuple[Sequence, ...]  # in the order of the first num_sampled logits_indices
+    sampled_seqs: tuple[Sequence | DraftPosition, ...]  # in the order of the first num_sampled logits_indices;
+    # a speculating sequence has k + 1 rows, one per position it verifies
     lora: LoraStep | None  # None when no token of the step uses an adapter
     scored: tuple[tuple[Sequence, int], ...] = ()  # prompt logprobs: (sequence, its rows), in the order of the rest
     scored_token_ids: torch.Tensor | None = None  # [num_scored] int64, the prompt token each scored row predicts
@@ -44,6 +47,8 @@ def build_step_batch(
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them).
 
+    A sequence verifying proposed tokens is a small chunk: its last token and the proposal, every row sampled.
+
     The torch attention gets its decode buckets planned here, once for every layer; the native and the
     Triton attention need only the int32 tensors.
     """
@@ -57,7 +62,7 @@ def build_step_batch(
     query_start_loc = [0]
     seq_lens: list[int] = []
     logits_indices: list[int] = []
-    sampled: list[Sequence] = []
+    sampled: list[Sequence | DraftPosition] = []
     scored_rows: list[int] = []
     scored_token_ids: list[int] = []
     scored: list[tuple[Sequence, int]] = []
@@ -65,13 +70,17 @@ def build_step_batch(
         seq = item.seq
         start = seq.num_computed_tokens
         end = start + item.num_new_tokens
-        input_ids.extend(seq.token_ids[start:end])
+        draft = item.draft_token_ids
+        input_ids.extend(seq.token_ids[start:end] if not draft else seq.token_ids[start:] + list(draft))
         positions.extend(range(start, end))
         blocks = seq.block_ids
         slots.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
         query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
         seq_lens.append(end)
-        if item.samples:
+        if draft:
+            logits_indices.extend(range(query_start_loc[-2], query_start_loc[-1]))
+            sampled.extend(draft_positions(seq, draft, num_bitmask_words(model.vocab_size)))
+        elif item.samples:
             logits_indices.append(query_start_loc[-1] - 1)
             sampled.append(seq)
         if seq.prompt_logprobs is not None and not seq.prompt_logprobs_done:

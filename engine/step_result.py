@@ -13,26 +13,27 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sequence import Sequence
 from engine.step_batch import StepBatch
+from engine.verification import DraftPosition, Verified
 
 
 @dataclass(slots=True)
 class StepResult:
     """What one forward pass produced, applied to the sequences by ``Engine._update``."""
 
-    sampled: list[tuple[Sequence, int, TokenLogprob | None]] = field(default_factory=list)
+    sampled: list[Verified] = field(default_factory=list)  # each sampled sequence's tokens (several when it speculated)
     scores: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)  # prompt logprobs
     forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # choice 0, the choices it forks
 
 
 def fork_choices(
-    sampled: tuple[Sequence, ...], tokenizer: PreTrainedTokenizerBase
-) -> tuple[list[int], list[Sequence], list[tuple[Sequence, list[Sequence]]]]:
+    sampled: tuple[Sequence | DraftPosition, ...], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[Sequence | DraftPosition], list[tuple[Sequence, list[Sequence]]]]:
     """Each sampled row's sequence, plus new choices for the prompts that fork now (their rows repeated).
 
     The new choices are not registered anywhere yet (``Engine._update`` does it), so a failed step drops them.
     """
     rows: list[int] = []
-    seqs: list[Sequence] = []
+    seqs: list[Sequence | DraftPosition] = []
     forks: list[tuple[Sequence, list[Sequence]]] = []
     for row, seq in enumerate(sampled):
         rows.append(row)

@@ -135,6 +135,24 @@ class WorkerGauges:
             (WORKER, "dtype", "activations", "weights", "reason"),
             registry=registry,
         )
+        self.proposed_tokens = Gauge(
+            "loraplex_speculative_proposed_tokens",
+            "Tokens proposed by n-gram speculative decoding since the engine started, by adapter (empty: the base).",
+            (WORKER, "adapter"),
+            registry=registry,
+        )
+        self.accepted_tokens = Gauge(
+            "loraplex_speculative_accepted_tokens",
+            "Proposed tokens that verification accepted since the engine started, by adapter (empty: the base).",
+            (WORKER, "adapter"),
+            registry=registry,
+        )
+        self.acceptance_rate = Gauge(
+            "loraplex_speculative_acceptance_rate",
+            "Accepted over proposed speculative tokens since the engine started (0 before any proposal).",
+            worker,
+            registry=registry,
+        )
         self._gauges = (
             self.precision_info,
             self.queue_depth,
@@ -146,6 +164,9 @@ class WorkerGauges:
             self.vllm_running,
             self.vllm_kv_usage,
             self.vllm_lora_info,
+            self.proposed_tokens,
+            self.accepted_tokens,
+            self.acceptance_rate,
         )
 
     def clear(self) -> None:
@@ -167,6 +188,10 @@ class WorkerGauges:
         self.precision_info.labels(
             worker, stats.dtype, stats.activation_dtype, stats.weight_format, stats.precision_reason
         ).set(1)
+        for adapter, num_tokens in stats.num_proposed_tokens.items():
+            self.proposed_tokens.labels(worker, adapter).set(num_tokens)
+            self.accepted_tokens.labels(worker, adapter).set(stats.num_accepted_tokens.get(adapter, 0))
+        self.acceptance_rate.labels(worker).set(stats.acceptance_rate)
         self.vllm_lora_info.labels(
             worker,
             str(stats.max_adapters),

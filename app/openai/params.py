@@ -99,6 +99,7 @@ def sampling_params(
         "logit_bias": _logit_bias(body.logit_bias, limits.vocab_size),
         "stop_token_ids": _stop_token_ids(body.stop_token_ids, limits.vocab_size),
         "ignore_eos": bool(body.ignore_eos),
+        "speculate": body.speculative is not False,
         "logprobs": what.logprobs,
         "n": what.n,
         "constraint": constraint,

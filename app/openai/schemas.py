@@ -187,6 +187,16 @@ class _SamplingFields(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     min_tokens: Annotated[int, _documented(minimum=0, description="At most `max_tokens`.")] | None = None
     stop_token_ids: list[Annotated[int, _documented(minimum=0, maximum=MAX_TOKEN_ID - 1)]] | None = None
     ignore_eos: bool | None = None
+    # loraplex's extension.
+    speculative: (
+        Annotated[
+            bool,
+            _documented(
+                description="false: no speculative decoding for this request (the output is the same either way)."
+            ),
+        ]
+        | None
+    ) = None
     best_of: Annotated[int, _documented(minimum=1, description="Only null or equal to `n`.")] | None = None
     structured_outputs: Annotated[
         StructuredOutputs | None,

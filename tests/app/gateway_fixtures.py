@@ -23,7 +23,7 @@ from app.factory import create_app
 from app.keys.service import Scope, create_api_key
 from app.model_store import resolve_model
 from app.services import Gateway
-from app.settings import Settings
+from app.settings import DEFAULT_SPECULATIVE_TOKENS, Settings
 from engine import EngineConfig
 
 TEST_POOL_BYTES = 256 * 1024**2  # room for a few dozen short requests and a handful of adapters
@@ -34,7 +34,14 @@ on_both_engines = pytest.mark.parametrize("default_engine", ("thread", "process"
 
 def default_engine_config(home: Path) -> EngineConfig:
     folder = resolve_model("default", home)
-    return EngineConfig(model=str(folder), pool_bytes=TEST_POOL_BYTES, max_num_seqs=16, dtype="float32")
+    # Speculation on, as the server runs by default: every API test sees its outputs.
+    return EngineConfig(
+        model=str(folder),
+        pool_bytes=TEST_POOL_BYTES,
+        max_num_seqs=16,
+        num_speculative_tokens=DEFAULT_SPECULATIVE_TOKENS,
+        dtype="float32",
+    )
 
 
 def start_default_engine(home: Path) -> LocalEngineClient:

@@ -51,6 +51,15 @@ TABLE = [
         MAX_NUM_SEQS_LIMIT,
         (("0", "1 to 512"), ("513", "1 to 512 \\(the engine decodes at most 512 tokens a step"), *WHOLE_NUMBER),
     ),
+    Row("LORAPLEX_DTYPE", "dtype", "bfloat16", "bfloat16", (("fp8", "must be one of auto, float32"),)),
+    Row("LORAPLEX_QUANTIZATION", "quantization", "int8", "int8", (("int4", "must be one of int8"),)),
+    Row(
+        "LORAPLEX_NUM_SPECULATIVE_TOKENS",
+        "num_speculative_tokens",
+        "0",
+        0,
+        (("-1", "0 to 16 \\(0 turns speculation off"), ("17", "0 to 16"), *WHOLE_NUMBER),
+    ),
     Row("LORAPLEX_DEMO", "demo", "off", False),
     Row("LORAPLEX_ADMIN_KEY", "admin_key", "lp-admin", "lp-admin"),
     Row("LORAPLEX_MAX_ADAPTER_RANK", "max_adapter_rank", "64", 64, (("0", "at least 1"), *WHOLE_NUMBER)),
@@ -65,10 +74,21 @@ TABLE = [
     Row("LORAPLEX_SHUTDOWN_GRACE_S", "shutdown_grace_s", "5", 5, (("0", "at least 1"), *WHOLE_NUMBER)),
     Row("LORAPLEX_MAX_N", "max_n", "4", 4, (("0", "at least 1"), *WHOLE_NUMBER)),
     Row("LORAPLEX_MAX_PROMPTS", "max_prompts", "8", 8, (("0", "at least 1"), *WHOLE_NUMBER)),
+    Row("LORAPLEX_CONSOLE", "console", "0", False),
     Row("LORAPLEX_REDIS_URL", "redis_url", "redis://h:6379/0", "redis://h:6379/0"),
     Row("LORAPLEX_REDIS_FAIL_RATE", "redis_fail_rate", "closed", "closed", (("maybe", "one of open, closed"),)),
     Row("LORAPLEX_REDIS_FAIL_CONCURRENCY", "redis_fail_concurrency", "CLOSED", "closed", (("1", "one of open"),)),
     Row("LORAPLEX_REDIS_FAIL_BUDGET", "redis_fail_budget", "open", "open", (("shut", "one of closed, open"),)),
+    Row(
+        "LORAPLEX_RESPONSE_RETENTION_DAYS",
+        "response_retention_days",
+        "7",
+        7,
+        (("0", "1 to 3650"), ("3651", "1 to 3650"), *WHOLE_NUMBER),
+    ),
+    Row("LORAPLEX_LOG_LEVEL", "log_level", "DEBUG", "debug", (("loud", "must be one of info, debug"),)),
+    Row("LORAPLEX_CHAT_TEMPLATE", "chat_template", "/srv/tools.jinja", Path("/srv/tools.jinja")),
+    Row("LORAPLEX_TOOL_CALL_FORMAT", "tool_call_format", "pythonic", "pythonic", (("xml", "must be one of hermes"),)),
 ]
 BAD = [(row.variable, value, message) for row in TABLE for value, message in row.bad]
 
