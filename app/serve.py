@@ -99,7 +99,10 @@ def run_server(settings: Settings, listener: socket.socket) -> None:
         gateway = app.state.gateway
         logger.info("listening on %s", base_url)
         sys.stdout.write(banner(base_url, gateway.engine.model_name, gateway.demo))
-        sys.stdout.write(f"\nAdmin console: {base_url}/console (an admin key signs in)\n" if settings.console else "")
+        if settings.console:
+            sys.stdout.write(
+                f"\nAdmin console: {base_url}/console (sign in with an admin key: loraplex admin create-key)\n"
+            )
         sys.stdout.flush()
 
     app.on_startup.append(announce)
