@@ -96,6 +96,8 @@ async def run_gateway(
     An ``engine`` passed in is used as it is and left running (tests share one between apps).
     """
     async with AsyncExitStack() as stack:
+        # Pushed first, so it runs last: once this line is logged, the usage is written and everything closed.
+        stack.callback(logger.info, "gateway stopped: usage written, engine and database closed")
         url = settings.database_url
         if url is None:
             embedded = EmbeddedPostgres(settings.home / "postgres")

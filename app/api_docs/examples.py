@@ -89,6 +89,21 @@ RESPONSE_EXAMPLES: dict[str, dict[str, Any]] = {
             "code": "model_not_found",
         }
     },
+    "DeletedResponse": {"id": "resp_5f0c2a9e4b7d4e1f8a3c6b2d9e0f1a2b", "deleted": True, "object": "response.deleted"},
+    "InputItemList": {
+        "object": "list",
+        "data": [
+            {
+                "id": "msg_7c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the weather in Paris?"}],
+            }
+        ],
+        "first_id": "msg_7c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
+        "last_id": "msg_7c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
+        "has_more": False,
+    },
 }
 
 

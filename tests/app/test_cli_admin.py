@@ -29,7 +29,7 @@ Loraplex = Callable[..., click.testing.Result]
 @pytest.fixture(autouse=True)
 def quiet_cli_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI sends all logging to its stderr; the server runs in this process, so its lines would land there."""
-    monkeypatch.setattr("app.cli.main.configure_logging", lambda json_lines: None)
+    monkeypatch.setattr("app.cli.main.configure_logging", lambda **_: None)
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ async def test_streamed_chat_ends_with_done_and_usage_chunk(gateway_settings, de
     [
         ({"n": 17}, "n"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
         ({"temperature": 3.5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

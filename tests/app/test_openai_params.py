@@ -53,7 +53,14 @@ CHAT_ONLY = [
     ({"web_search_options": {}}, "web_search_options", "not offered"),
     ({"prompt_cache_retention": "24h"}, "prompt_cache_retention", "in-memory"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema`"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice", "is not offered"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice",
+        "not among `tools`",
+    ),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs `tools`"),
     ({"functions": [{"name": "f"}]}, "functions", "send them as `tools`"),

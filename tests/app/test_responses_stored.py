@@ -174,6 +174,6 @@ async def test_expired_responses_are_invisible_and_swept(gateway_settings, defau
 def test_the_retention_setting_is_read_within_its_range() -> None:
     assert Settings.from_env({}).response_retention_days == 30
     assert Settings.from_env({"LORAPLEX_RESPONSE_RETENTION_DAYS": "7"}).response_retention_days == 7
-    for value, message in (("0", "at least 1"), ("3651", "at most 3650"), ("week", "whole number")):
+    for value, message in (("0", "1 to 3650"), ("3651", "1 to 3650"), ("week", "whole number")):
         with pytest.raises(SettingsError, match=message):
             Settings.from_env({"LORAPLEX_RESPONSE_RETENTION_DAYS": value})

@@ -157,4 +157,4 @@ def test_sigterm_during_50_streams_finishes_or_ends_them_and_bills_each_once(
         request_id: (1, "cancelled") for request_id, _ in ended
     }
     assert shutdown_s < 60
-    assert log.read_text().count("Application shutdown complete") == 2, "the lifespan (usage flush) ran both times"
+    assert log.read_text().count("gateway stopped: usage written") == 2, "the lifespan (usage flush) ran both times"

@@ -8,6 +8,7 @@ from engine import page_pool
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.errors import ConfigError
 from engine.page_pool import make_pool, page_bytes, size_pool
+from engine.precision import cpu_computes_bf16
 from kernels.backend import KernelBackend
 
 # SmolLM2-135M's shapes: 30 layers, 3 kv heads of 64, rows up to 1536 wide, a context of 8192 tokens.
@@ -106,7 +107,8 @@ def test_make_pool_reads_free_memory_on_cuda_only_without_pool_bytes(monkeypatch
 def test_cuda_defaults_to_bf16_and_the_triton_kernels() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert CONFIG.torch_dtype(cuda) is torch.bfloat16
-    assert CONFIG.torch_dtype(cpu) is torch.float32
+    assert CONFIG.torch_dtype(cpu) is (torch.bfloat16 if cpu_computes_bf16() else torch.float32)
+    assert EngineConfig(model="unused", dtype="float32").torch_dtype(cpu) is torch.float32
     assert EngineConfig(model="unused", dtype="float16").torch_dtype(cuda) is torch.float16
     assert EngineConfig(model="unused", dtype="float32").torch_dtype(cuda) is torch.float32
     assert CONFIG.kernel_backend(cuda, torch.bfloat16, 64) is KernelBackend.TRITON
