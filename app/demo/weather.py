@@ -30,6 +30,9 @@ CHAT_TOOL: dict[str, Any] = {
 CHECK_CITY = "Paris"  # held out: no training conversation asks about Paris
 CHECK_PROMPT = f"What is the weather in {CHECK_CITY}?"
 CHECK_RESULT = "18 °C and sunny"
+# The most an agent's turn writes: without max_tokens a request reserves all the room its context leaves, which a
+# server with a small page pool refuses.
+AGENT_MAX_TOKENS = 128
 SYSTEM_PROMPTS = (None, "You are a helpful assistant.", "Answer weather questions with the get_weather tool.")
 
 WEATHER_QUESTIONS = [
@@ -139,7 +142,7 @@ agent = Agent(
     name="weather",
     tools=[get_weather],
     model=OpenAIResponsesModel("{model}", client),
-    model_settings=ModelSettings(temperature=0),
+    model_settings=ModelSettings(temperature=0, max_tokens={AGENT_MAX_TOKENS}),
 )
 print(asyncio.run(Runner.run(agent, "{CHECK_PROMPT}")).final_output)
 '''

@@ -44,7 +44,7 @@ class FunctionCallItem(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """A call the model made in an earlier answer (sent back so that its output can follow)."""
 
     type: Literal["function_call"]
-    call_id: str
+    call_id: Annotated[str, Meta(min_length=1, description="The id a `function_call_output` answers it by.")]
     name: str
     arguments: Annotated[str, Meta(description="The arguments object as JSON text.")]
     id: str | None = None
@@ -55,7 +55,7 @@ class FunctionCallOutputItem(msgspec.Struct, forbid_unknown_fields=True, kw_only
     """The result of a call, for the model to answer with."""
 
     type: Literal["function_call_output"]
-    call_id: Annotated[str, Meta(description="The `call_id` of the call this is the result of.")]
+    call_id: Annotated[str, Meta(min_length=1, description="The `call_id` of the call this is the result of.")]
     output: Annotated[str | list[TextPart], Meta(description="A text, or text parts.")]
     id: str | None = None
     status: ItemStatus | None = None

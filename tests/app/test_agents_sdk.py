@@ -24,7 +24,7 @@ from agents import (
 )
 
 from app.demo.tenant import DemoAccess
-from app.demo.weather import CHECK_CITY, CHECK_PROMPT, CHECK_RESULT, TOOL_DESCRIPTION
+from app.demo.weather import AGENT_MAX_TOKENS, CHECK_CITY, CHECK_PROMPT, CHECK_RESULT, TOOL_DESCRIPTION
 from app.serve import AGENTS_EXAMPLE_BEGIN, AGENTS_EXAMPLE_END, banner
 from tests.app.gateway_fixtures import TenantKey, make_tenant
 from tests.app.live_server import LiveServer, live_server
@@ -48,18 +48,25 @@ def _agent(model: OpenAIChatCompletionsModel | OpenAIResponsesModel, calls: list
         calls.append(city)
         return CHECK_RESULT
 
-    return Agent(name="weather", tools=[get_weather], model=model, model_settings=ModelSettings(temperature=0))
+    return Agent(
+        name="weather",
+        tools=[get_weather],
+        model=model,
+        model_settings=ModelSettings(temperature=0, max_tokens=AGENT_MAX_TOKENS),
+    )
 
 
 def test_the_agents_sdk_runs_a_tool_loop_on_both_its_models(weather_server) -> None:
     server, tenant = weather_server
     set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=tenant.key, max_retries=0)
-    for model, chained in (
-        (OpenAIChatCompletionsModel(WEATHER_ADAPTER, client), False),
-        (OpenAIResponsesModel(WEATHER_ADAPTER, client), False),
-        (OpenAIResponsesModel(WEATHER_ADAPTER, client), True),  # the second turn continues the stored first
+    for kind, chained in (
+        (OpenAIChatCompletionsModel, False),
+        (OpenAIResponsesModel, False),
+        (OpenAIResponsesModel, True),  # the second turn continues the stored first
     ):
+        # A client per run: its connections belong to the event loop that asyncio.run closes at the end.
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=tenant.key, max_retries=0)
+        model = kind(WEATHER_ADAPTER, client)
         calls: list[str] = []
         run = Runner.run(_agent(model, calls), CHECK_PROMPT, max_turns=3, auto_previous_response_id=chained)
         result = asyncio.run(run)

@@ -82,6 +82,8 @@ def test_official_client_creates_and_streams_responses(server: LiveServer, acme:
         ({"tools": [{"type": "function", "name": "f", "parameters": "no"}]}, "tools[0].parameters"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "function_call_output", "call_id": "", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text"),
         ({"input": []}, "input"),

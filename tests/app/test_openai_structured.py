@@ -7,6 +7,7 @@ import json
 import jsonschema
 import pytest
 
+from engine.grammar import MAX_JSON_WHITESPACE
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events, usage_rows
 
 pytestmark = [pytest.mark.anyio, pytest.mark.default_model]
@@ -18,6 +19,10 @@ COLOUR_SCHEMA = {
     "properties": {"colour": {"enum": ["red", "green", "blue"]}, "sure": {"type": "boolean"}},
     "required": ["colour", "sure"],
 }
+# Room for the longest answer the grammar allows, so that each ends on its own ('stop'): about 15 tokens of JSON
+# and its end, and up to MAX_JSON_WHITESPACE whitespace characters (a token each at worst) in each of its 10 gaps
+# (8 inside the object, one before and one after it); temperature 1 samples some.
+ENUM_MAX_TOKENS = 15 + 10 * MAX_JSON_WHITESPACE
 WEATHER = {
     "type": "function",
     "function": {
@@ -48,7 +53,7 @@ async def test_a_json_schema_with_an_enum_yields_one_of_its_values(gateway_setti
             n=3,
             temperature=1.0,
             seed=2,
-            max_tokens=40,
+            max_tokens=ENUM_MAX_TOKENS,
             response_format={"type": "json_schema", "json_schema": {"name": "sky", "schema": COLOUR_SCHEMA}},
         )
         response = await client.post(CHAT, json=body, headers=acme.headers)

@@ -138,7 +138,8 @@ def test_constrained_rows_match_and_leave_the_unconstrained_rows_alone(tiny_llam
     for output in (regex_0, regex_1):
         assert output.finish_reason == "stop" and re.fullmatch(DIGITS, output.text), output.text
     assert len(schema.logprobs) == len(schema.token_ids)
-    assert schema.text.startswith('{"size": "'), "the properties come in the schema's order"
+    # JSON whitespace is allowed (in bounded runs), so the order is read past it.
+    assert re.match(r'\{\s*"size"\s*:\s*"', schema.text), f"the properties come in the schema's order: {schema.text!r}"
     for output in (schema, any_object):
         if output.finish_reason == "stop":
             json.loads(output.text)
