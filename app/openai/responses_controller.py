@@ -14,7 +14,16 @@ from app.openai.responses_service import DEFAULT_LISTED_ITEMS
 from app.services import gateway_of
 from app.web.responses import ERROR_RESPONSES
 
-ResponseId = Annotated[str, PathParameter(description="The response's id, as its creation returned it (`resp_...`).")]
+# Ids are `resp_` and hex digits; the pattern keeps what a path segment cannot carry out of the documented schema.
+ResponseId = Annotated[
+    str,
+    PathParameter(
+        description="The response's id, as its creation returned it (`resp_...`).",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_-]+$",
+    ),
+]
 AfterParam = Annotated[str | None, QueryParameter(description="List the items after this item id (a page's last_id).")]
 LimitParam = Annotated[
     int, QueryParameter(ge=1, le=MAX_LISTED_ITEMS, description=f"Items per page, 1 to {MAX_LISTED_ITEMS}.")
