@@ -6,12 +6,15 @@ submitted at once; run plain, and with every other request under the ``hermes`` 
 tools. Rounds alternate the two (``--repeats``); ``overhead_ratio`` is the median tok/s with tags over
 the median without (1.0: free).
 
-Well-formed calls: the same questions in the ``pythonic`` format, with a ``logit_bias`` on ``[`` (the
-one token that opens a pythonic call list) so that every answer starts a call, decoded with the
-structural tag and without it (plain decoding, then the same parser). A call is well formed when the
-answer parses into complete calls, each naming one of the tools with arguments valid against its
-schema; ``well_formed_with_tag`` and ``well_formed_without_tag`` are the shares of answers whose calls
-all are.
+Well-formed calls: the weather demo adapter (trained to answer weather questions with a hermes
+``get_weather(city)`` call; trained once into the data folder if missing, or ``--weather-adapter``)
+asked weather questions it never saw in training, rendered with its tool by the shipped template, at
+temperature 1.0 with a seed each, decoded with the ``hermes`` structural tag (``tool_choice: auto``: text
+is free until a call opens) and without it (plain decoding, then the same parser). A call is well formed
+when the answer parses into complete calls, each naming the tool with arguments valid against its
+schema; ``well_formed_with_tag`` and ``well_formed_without_tag`` are the shares of answers that started
+a call (wrote ``<tool_call>``) whose calls all are well formed, and ``calls_started_*`` the shares of
+answers that started one.
 
     python scripts/bench_tools.py --json        # last line: one JSON object
 """
@@ -24,10 +27,13 @@ import logging
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import jsonschema
 from transformers import AutoTokenizer
 
+from app.demo import weather
+from app.demo.adapters import ensure_demo_adapters
 from app.model_store import resolve_model
 from app.settings import Settings
 from app.tool_calls import FORMATS, ToolSpec, parse_reply
@@ -51,30 +57,31 @@ TOOLS = [
     ),
 ]
 CITIES = ["Paris", "Rome", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Seoul", "Dakar", "Riga", "Hanoi"]
-CALL_BIAS = 40.0  # on "[": every answer opens a pythonic call list
-PYTHONIC_SYSTEM = "Call functions as [name(arg=value)]. Functions:\n"
+WEATHER = "weather"
+# Phrasings the weather adapter was not trained on (app/demo/weather.py), so its calls are not recited.
+HELD_OUT_QUESTIONS = [
+    "Could you look up the weather for {city}?",
+    "I am flying to {city} tomorrow. What is it like there?",
+    "weather {city} pls",
+    "Should I pack a coat for {city}?",
+    "What are the conditions in {city} right now?",
+    "Is it a nice day in {city}?",
+]
 
 
-def chat_prompts(tokenizer, num_requests: int, pythonic: bool) -> list[list[int]]:
-    tools = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in TOOLS]
+def chat_prompts(tokenizer, questions: list[str], tools: list[dict]) -> list[list[int]]:
+    """Each question as one user turn, rendered with ``tools`` by the shipped template."""
     template = ChatTemplate.shipped()
-    prompts = []
-    for index in range(num_requests):
-        question = {"role": "user", "content": f"What is the weather in {CITIES[index % len(CITIES)]}?"}
-        if pythonic:
-            system = PYTHONIC_SYSTEM + "\n".join(json.dumps(tool) for tool in tools)
-            messages = [{"role": "system", "content": system}, question]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = template.render([question], tools)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-    return prompts
+    texts = [template.render([{"role": "user", "content": question}], tools) for question in questions]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
-def run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[str], float]:
+def run(
+    engine: Engine, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None = None
+) -> tuple[list[str], float]:
     """Each request's text, and the output tok/s of the run."""
     start = time.perf_counter()
-    ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+    ids = [engine.add_request(prompt, p, adapter=adapter) for prompt, p in zip(prompts, params, strict=True)]
     texts: dict[str, str] = {}
     num_tokens = 0
     while engine.has_unfinished_requests():
@@ -100,33 +107,46 @@ def overhead_rates(engine: Engine, prompts: list[list[int]], max_tokens: int, wi
     return run(engine, prompts, params)[1]
 
 
-def well_formed_share(engine: Engine, prompts: list[list[int]], bracket: int, with_tag: bool) -> float:
-    tool_format = FORMATS["pythonic"]
-    tag = GrammarConstraint.structural_tag(tool_format.structural_tag(TOOLS, parallel=False))
+def well_formed_shares(engine: Engine, prompts: list[list[int]], with_tag: bool) -> tuple[float, float]:
+    """On the weather adapter: the share of answers that started a call, and of those, the share well formed."""
+    tool_format = FORMATS["hermes"]
+    tool = ToolSpec(weather.TOOL_NAME, weather.TOOL_PARAMETERS)
+    tag = GrammarConstraint.structural_tag(tool_format.structural_tag([tool], parallel=True))
     params = [
-        SamplingParams(
-            max_tokens=64,
-            temperature=0.8,
-            seed=index,
-            logit_bias=((bracket, CALL_BIAS),),
-            constraint=tag if with_tag else None,
-        )
+        SamplingParams(max_tokens=64, temperature=1.0, seed=index, constraint=tag if with_tag else None)
         for index in range(len(prompts))
     ]
-    texts, _ = run(engine, prompts, params)
-    schemas = {tool.name: tool.parameters for tool in TOOLS}
-    num_well_formed = 0
+    texts = run(engine, prompts, params, adapter=WEATHER)[0]
+    num_started = num_well_formed = 0
     for text in texts:
+        if tool_format.trigger not in text:
+            logger.info("text %s", text.replace("\n", "\\n")[:100])
+            continue
+        num_started += 1
         parsed = parse_reply(tool_format, text)
         ok = parsed.complete and bool(parsed.calls)
         for call in parsed.calls if ok else []:
-            try:
-                jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-            except (KeyError, ValueError, jsonschema.ValidationError):
-                ok = False
+            ok = ok and call.name == tool.name and _valid(call.arguments, tool.parameters)
         num_well_formed += ok
         logger.info("%s %s", "ok " if ok else "BAD", text.replace("\n", "\\n")[:100])
-    return num_well_formed / len(texts)
+    return num_started / len(texts), num_well_formed / max(num_started, 1)
+
+
+def _valid(arguments: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(arguments), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def weather_adapter(settings: Settings, folder: str, given: str | None) -> Path:
+    if given is not None:
+        return Path(given)
+    trained = ensure_demo_adapters(settings, Path(folder))
+    if WEATHER not in trained:
+        raise SystemExit("bench_tools: the weather demo adapter could not be trained; pass --weather-adapter")
+    return trained[WEATHER]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model folder (default: the data folder's default model)")
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--num-calls", type=int, default=24, help="answers per well-formed share")
+    parser.add_argument("--num-calls", type=int, default=48, help="answers per well-formed share")
+    parser.add_argument("--weather-adapter", default=None, help="the weather demo adapter's folder (default: trained)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of each configuration, alternated")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
@@ -144,17 +165,23 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.model or str(resolve_model(settings.model, settings.home))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     engine = Engine(EngineConfig(model=folder, max_num_seqs=64, max_num_batched_tokens=1024))
-    prompts = chat_prompts(tokenizer, args.num_requests, pythonic=False)
+    tools = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in TOOLS]
+    questions = [f"What is the weather in {CITIES[i % len(CITIES)]}?" for i in range(args.num_requests)]
+    prompts = chat_prompts(tokenizer, questions, tools)
     overhead_rates(engine, prompts[:4], 4, with_tags=True)  # warm-up: the first compile, oneDNN's first calls
     rates: dict[bool, list[float]] = {False: [], True: []}
     for round_ in range(args.repeats):
         for with_tags in (False, True) if round_ % 2 == 0 else (True, False):
             rates[with_tags].append(overhead_rates(engine, prompts, args.max_tokens, with_tags))
             logger.info("round %d, %s: %.1f tok/s", round_ + 1, "tags" if with_tags else "plain", rates[with_tags][-1])
-    bracket = tokenizer.convert_tokens_to_ids("[")
-    call_prompts = chat_prompts(tokenizer, args.num_calls, pythonic=True)
-    with_tag = well_formed_share(engine, call_prompts, bracket, with_tag=True)
-    without_tag = well_formed_share(engine, call_prompts, bracket, with_tag=False)
+    engine.add_adapter(WEATHER, weather_adapter(settings, folder, args.weather_adapter))
+    asked = [
+        HELD_OUT_QUESTIONS[i % len(HELD_OUT_QUESTIONS)].format(city=CITIES[i % len(CITIES)])
+        for i in range(args.num_calls)
+    ]
+    call_prompts = chat_prompts(tokenizer, asked, [weather.CHAT_TOOL])
+    started_with, with_tag = well_formed_shares(engine, call_prompts, with_tag=True)
+    started_without, without_tag = well_formed_shares(engine, call_prompts, with_tag=False)
     plain, tagged = statistics.median(rates[False]), statistics.median(rates[True])
     result = {
         "num_requests": args.num_requests,
@@ -166,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_calls": args.num_calls,
         "well_formed_with_tag": round(with_tag, 3),
         "well_formed_without_tag": round(without_tag, 3),
+        "calls_started_with_tag": round(started_with, 3),
+        "calls_started_without_tag": round(started_without, 3),
     }
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
