@@ -38,7 +38,7 @@ SUBJECTS = [
     ("a song", ["title", "artist", "year"]),
     ("a company", ["name", "founded", "employees"]),
 ]
-MAX_TOKENS = 96  # room for three short fields with indentation
+MAX_TOKENS = 256  # room for three fields with indentation, and for the extra ones a small model adds
 
 
 def prompts() -> list[tuple[str, list[str]]]:
@@ -55,14 +55,14 @@ def holds_fields(text: str | None, fields: list[str]) -> bool:
     return isinstance(value, dict) and all(field in value for field in fields)
 
 
-def run_openai(client, model: str, seed: int, num_prompts: int) -> list[tuple[bool, str]]:
+def run_openai(client, model: str, seed: int, num_prompts: int, max_tokens: int) -> list[tuple[bool, str]]:
     results = []
     for prompt, fields in prompts()[:num_prompts]:
         response = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": prompt}],
             response_format={"type": "json_object"},
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=0.0,
             seed=seed,
         )
@@ -71,7 +71,7 @@ def run_openai(client, model: str, seed: int, num_prompts: int) -> list[tuple[bo
     return results
 
 
-def run_instructor(client, model: str, seed: int, num_prompts: int) -> list[tuple[bool, str]]:
+def run_instructor(client, model: str, seed: int, num_prompts: int, max_tokens: int) -> list[tuple[bool, str]]:
     import instructor
     from pydantic import create_model
 
@@ -84,7 +84,7 @@ def run_instructor(client, model: str, seed: int, num_prompts: int) -> list[tupl
                 model=model,
                 response_model=answer_model,
                 messages=[{"role": "user", "content": prompt}],
-                max_tokens=MAX_TOKENS,
+                max_tokens=max_tokens,
                 temperature=0.0,
                 seed=seed,
                 max_retries=0,
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", choices=("openai", "instructor"), default="openai")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-prompts", type=int, default=len(SUBJECTS), help=f"at most {len(SUBJECTS)}")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     client = OpenAI(base_url=f"{args.url}/v1", api_key=args.key, max_retries=0)
     run = run_instructor if args.client == "instructor" else run_openai
-    results = run(client, args.model, args.seed, args.num_prompts)
+    results = run(client, args.model, args.seed, args.num_prompts, args.max_tokens)
     for ok, text in results:
         logger.info("%s %s", "ok " if ok else "BAD", text.replace("\n", "\\n")[:160])
     share = sum(ok for ok, _ in results) / len(results)
