@@ -169,7 +169,7 @@ class _FormReceiver:
         if name in MAX_CHAT_FILE_BYTES:
             if len(self._text) > MAX_CHAT_FILE_BYTES[name]:
                 raise BadRequestError(
-                    f"The `{name}` part is larger than {_size(MAX_CHAT_FILE_BYTES[name])}; a chat template has at "
+                    f"The `{name}` part is larger than {MAX_CHAT_FILE_BYTES[name] // 1024} KiB; a chat template has at "
                     f"most {MAX_TEMPLATE_CHARS} characters.",
                     param=name,
                 )
@@ -273,6 +273,4 @@ def _too_large(max_file_bytes: int) -> UploadTooLargeError:
 def _size(num_bytes: int) -> str:
     if num_bytes >= 1024**2 and num_bytes % 1024**2 == 0:
         return f"{num_bytes // 1024**2} MiB"
-    if num_bytes >= 1024 and num_bytes % 1024 == 0:
-        return f"{num_bytes // 1024} KiB"
     return f"{num_bytes} bytes"
