@@ -6,7 +6,7 @@ Safe by construction:
   uses); file bytes go to disk in blocks of at most ``WRITE_BLOCK_BYTES``, never a whole file in memory;
 - a running count of file bytes across all parts stops the upload with 413 as soon as it passes the cap,
   and the body as a whole may exceed the cap only by ``MAX_FORM_OVERHEAD_BYTES`` (headers, boundaries,
-  the text fields);
+  the text fields) and the chat files' own caps;
 - only the parts ``name``, ``replace``, ``tool_call_format``, ``adapter_config.json``,
   ``adapter_model.safetensors``, ``chat_template.jinja`` and ``tokenizer_config.json`` are accepted, each
   once; the two adapter files are written under those fixed names, and a client's ``filename`` is never
@@ -168,10 +168,13 @@ class _FormReceiver:
         name = self._part or ""
         if name in MAX_CHAT_FILE_BYTES:
             if len(self._text) > MAX_CHAT_FILE_BYTES[name]:
+                fix = (
+                    f"a chat template has at most {MAX_TEMPLATE_CHARS} characters"
+                    if name == TEMPLATE_FILE
+                    else f"send its chat template alone, as `{TEMPLATE_FILE}`"
+                )
                 raise BadRequestError(
-                    f"The `{name}` part is larger than {MAX_CHAT_FILE_BYTES[name] // 1024} KiB; a chat template has at "
-                    f"most {MAX_TEMPLATE_CHARS} characters.",
-                    param=name,
+                    f"The `{name}` part is larger than {MAX_CHAT_FILE_BYTES[name] // 1024} KiB; {fix}.", param=name
                 )
         elif len(self._text) > MAX_TEXT_FIELD_BYTES:
             raise BadRequestError(
