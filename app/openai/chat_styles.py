@@ -43,7 +43,7 @@ class ChatStyles:
         if model.chat_template_sha256 is None:
             return ChatStyle(self.base.template, self.base.tool_template, tool_format)
         template = await self._template(model, model.adapter_id, model.chat_template_sha256)
-        return ChatStyle(template, template, tool_format)
+        return ChatStyle(template, template, tool_format, tenant_supplied=True)
 
     async def _template(self, model: ResolvedModel, adapter_id: uuid.UUID, sha256: str) -> ChatTemplate:
         template = self._templates.get(sha256)

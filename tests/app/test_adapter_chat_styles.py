@@ -43,6 +43,7 @@ async def test_an_adapter_gets_what_it_brings_and_the_base_models_style_for_the_
     both = await styles.style(ResolvedModel("agent", with_template, "pythonic", SHA))
     assert both.tool_format is FORMATS["pythonic"]
     assert both.template is both.tool_template and both.template.source == PYTHONIC_TEMPLATE
+    assert both.tenant_supplied and not base.tenant_supplied  # rendered off the event loop
 
     only_format = await styles.style(ResolvedModel("fmt", format_only, "mistral"))
     assert only_format.tool_format is FORMATS["mistral"]
