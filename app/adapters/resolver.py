@@ -43,10 +43,12 @@ MAX_RETIRED = 10_000
 
 @dataclass(frozen=True, slots=True)
 class ResolvedModel:
-    """What a request runs on: the base model (``adapter_id`` None) or one adapter."""
+    """What a request runs on: the base model (``adapter_id`` None) or one adapter, with what it brings for chat."""
 
     name: str
     adapter_id: uuid.UUID | None = None
+    tool_call_format: str | None = None  # the adapter's own; None: the server's
+    chat_template_sha256: str | None = None  # names the adapter's own template; None: the base model's
 
     @property
     def engine_adapter(self) -> str | None:
@@ -59,6 +61,8 @@ class _AdapterRecord:
     adapter_id: uuid.UUID
     digest: str
     pinned: bool
+    tool_call_format: str | None
+    chat_template_sha256: str | None
 
 
 class ModelResolver:
@@ -85,7 +89,7 @@ class ModelResolver:
             record = await self._lookup(tenant_id, model)
         if record is None:
             raise ModelNotFoundError(model)
-        resolved = ResolvedModel(model, record.adapter_id)
+        resolved = ResolvedModel(model, record.adapter_id, record.tool_call_format, record.chat_template_sha256)
         if not await self._ensure_loaded(resolved.engine_adapter, record.digest, record.pinned):
             raise ModelNotFoundError(model)  # deleted while this request was looking it up
         return resolved
@@ -137,9 +141,9 @@ class ModelResolver:
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < CACHE_TTL_S:
             return cached[1]
-        query = select(Adapter.id, Adapter.digest, Adapter.pinned).where(
-            Adapter.tenant_id == tenant_id, Adapter.name == model, Adapter.status == "ready"
-        )
+        query = select(
+            Adapter.id, Adapter.digest, Adapter.pinned, Adapter.tool_call_format, Adapter.chat_template_sha256
+        ).where(Adapter.tenant_id == tenant_id, Adapter.name == model, Adapter.status == "ready")
         try:
             async with self.database.sessions() as session:
                 row = (await session.execute(query)).first()
@@ -147,11 +151,24 @@ class ModelResolver:
             if cached is not None and now - cached[0] < STALE_IF_ERROR_S:
                 return cached[1]  # the database is away: the last answer stands
             raise _database_unavailable(f"the model `{model}` could not be looked up", error) from error
-        record = None if row is None else _AdapterRecord(row.id, row.digest, row.pinned)
+        record = (
+            None
+            if row is None
+            else _AdapterRecord(row.id, row.digest, row.pinned, row.tool_call_format, row.chat_template_sha256)
+        )
         if len(self._cache) >= MAX_CACHE_ENTRIES:
             self._cache.pop(next(iter(self._cache)))
         self._cache[key] = (now, record)
         return record
+
+    async def chat_template(self, adapter_id: uuid.UUID) -> str | None:
+        """The adapter's own chat template (None if it has none); read when a style cache misses, not per request."""
+        query = select(Adapter.chat_template).where(Adapter.id == adapter_id)
+        try:
+            async with self.database.sessions() as session:
+                return await session.scalar(query)
+        except (SQLAlchemyError, OSError) as error:
+            raise _database_unavailable("the adapter's chat template could not be read", error) from error
 
     async def _ensure_loaded(self, engine_name: str | None, digest: str, pinned: bool) -> bool:
         """Register the adapter (from its local cache folder, filled if needed) if the engine lacks it.

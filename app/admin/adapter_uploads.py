@@ -1,10 +1,11 @@
 """Adapter uploads: receive, validate, store, record and register an adapter; nothing stays behind when one fails.
 
-The form is streamed into a private staging folder (app/admin/upload.py), validated by the engine, and only
-then moved into the local store by digest, recorded (its files row in ``adapter_files``, the adapter row and
-the audit row, one transaction) and registered in the engine, so the owner's keys can use it at once. Any
-failure leaves nothing behind: the staging folder always goes, a stored folder this upload created goes, the
-transaction rolls back, the engine forgets the adapter.
+The form is streamed into a private staging folder (app/admin/upload.py), validated by the engine, its chat
+template and tool-call format checked (app/admin/adapter_chat.py), and only then moved into the local store by
+digest, recorded (its files row in ``adapter_files``, the adapter row and the audit row, one transaction) and
+registered in the engine, so the owner's keys can use it at once. Any failure leaves nothing behind: the
+staging folder always goes, a stored folder this upload created goes, the transaction rolls back, the engine
+forgets the adapter.
 
 An upload with ``replace`` marks the tenant's live adapter of the same name deleted and announces it, in the
 transaction that records the new one; retiring the old one is the caller's (app/admin/adapter_service.py).
@@ -25,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from app.adapters.announcements import Op, announce
 from app.adapters.file_rows import save_files
 from app.adapters.store import adapter_row, move_into_store, remove_stored, uploads_root
+from app.admin.adapter_chat import AdapterChat, adapter_chat
 from app.admin.adapter_rows import DELETED, adapter_out, require_tenant
 from app.admin.audit import record_change
 from app.admin.upload import AdapterUpload, staged_upload
@@ -104,7 +106,8 @@ class AdapterUploads:
         limit = self.settings.max_adapter_bytes
         async with staged_upload(body, content_type, content_length, uploads, limit, self.check_name) as upload:
             info = await self._validate(upload.folder)
-            return await self._store_and_record(actor, tenant_id, upload, info)
+            chat = await asyncio.to_thread(adapter_chat, upload)  # compiling and rendering a template takes ms
+            return await self._store_and_record(actor, tenant_id, upload, info, chat)
 
     async def _validate(self, folder: Path) -> AdapterInfo:
         async with self._validations:
@@ -125,7 +128,7 @@ class AdapterUploads:
         return info
 
     async def _store_and_record(
-        self, actor: Principal, tenant_id: uuid.UUID, upload: AdapterUpload, info: AdapterInfo
+        self, actor: Principal, tenant_id: uuid.UUID, upload: AdapterUpload, info: AdapterInfo, chat: AdapterChat
     ) -> tuple[Adapter, Adapter | None]:
         """Move the files into the store, add the row and its audit row, register it; undo all on failure."""
         home = self.settings.home
@@ -150,6 +153,9 @@ class AdapterUploads:
                         await announce(session, Op.DELETE, old.id, old.digest)
                     await save_files(session, folder, info.digest)
                     row = adapter_row(tenant_id, upload.name, self.engine.model_name, info, folder)
+                    row.tool_call_format = chat.tool_call_format
+                    row.chat_template = chat.chat_template
+                    row.chat_template_sha256 = chat.chat_template_sha256
                     session.add(row)
                     await session.flush()
                     await session.refresh(row)  # created_at, filled in by the database

@@ -19,6 +19,8 @@ from app.admin.guards import require_admin
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.services import gateway_of
+from app.tool_calls.formats import FORMATS
+from app.tool_calls.templates import MAX_TEMPLATE_CHARS
 from app.web.errors import BadRequestError
 from app.web.responses import ErrorBody
 
@@ -98,6 +100,25 @@ UPLOAD_FORM = Schema(
             description="true (or 1, yes, on; any case) replaces the tenant's live adapter of the same name (the old "
             "one is deleted); false, 0, no, off or empty do not.",
         ),
+        "tool_call_format": Schema(
+            type=OpenAPIType.STRING,
+            enum=sorted(FORMATS),
+            description="The format the adapter writes tool calls in; `tool_choice: auto` requests on it are "
+            "constrained to it and read in it. Without it, the server's format (LORAPLEX_TOOL_CALL_FORMAT).",
+        ),
+        "chat_template.jinja": Schema(
+            type=OpenAPIType.STRING,
+            format=OpenAPIFormat.BINARY,
+            description=f"The adapter's own chat template (Jinja, UTF-8, at most {MAX_TEMPLATE_CHARS} characters), "
+            "rendering every chat request on it; it must render a sample conversation with tools, a call and its "
+            "result. Without it (and without `tokenizer_config.json`), the base model's templates.",
+        ),
+        "tokenizer_config.json": Schema(
+            type=OpenAPIType.STRING,
+            format=OpenAPIFormat.BINARY,
+            description="A tokenizer_config.json whose `chat_template` string is taken as the template, when "
+            "`chat_template.jinja` is not sent.",
+        ),
     },
     additional_properties=False,  # another part is a 400 naming it
 )
@@ -143,10 +164,13 @@ UPLOAD_EXAMPLE = Example(
     summary="Upload an adapter for a tenant",
     description=(
         "multipart/form-data with `name`, `adapter_config.json` and `adapter_model.safetensors` (PEFT's "
-        "save_pretrained output), and optionally `replace=true`. The files are streamed to disk under a size cap "
-        "(413 past it), validated against the base model before anything is recorded (422 naming what is wrong; "
-        "400 for a rank above the server's ceiling, a bad name or an unexpected part), then stored, recorded and "
-        "registered in the engine: the tenant's keys can use it as `model` at once. 409 when the name is taken "
+        "save_pretrained output), and optionally `replace=true`, a `tool_call_format` and a chat template "
+        "(`chat_template.jinja`, or `tokenizer_config.json` holding one). The files are streamed to disk under "
+        "a size cap (413 past it), validated against the base model before anything is recorded (422 naming "
+        "what is wrong; 400 for a rank above the server's ceiling, a bad name, an unknown format, a template "
+        "that does not compile or render a sample conversation with tools, or an unexpected part), then stored, "
+        "recorded and registered in the engine: the tenant's keys can use it as `model` at once. 409 when the "
+        "name is taken "
         "and `replace` is not true."
     ),
     tags=["admin"],

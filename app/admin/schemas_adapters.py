@@ -30,6 +30,17 @@ class AdapterOut(msgspec.Struct, kw_only=True):
     created_at: datetime
     loaded: Annotated[bool, msgspec.Meta(description="Registered in the engine now (the next request runs at once).")]
     pinned: Annotated[bool, msgspec.Meta(description="Kept resident in the engine's pool, never evicted.")]
+    tool_call_format: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="The format its tool calls are written and read in; null: the server's default format.",
+            examples=["pythonic"],
+        ),
+    ] = None
+    chat_template_sha256: Annotated[
+        str | None,
+        msgspec.Meta(description="sha256 of its own chat template (from the upload); null: it uses the base model's."),
+    ] = None
 
     @classmethod
     def of(cls, row: Adapter, *, loaded: bool, pinned: bool) -> AdapterOut:
@@ -47,6 +58,8 @@ class AdapterOut(msgspec.Struct, kw_only=True):
             created_at=row.created_at,
             loaded=loaded,
             pinned=pinned,
+            tool_call_format=row.tool_call_format,
+            chat_template_sha256=row.chat_template_sha256,
         )
 
     def audit_record(self) -> dict[str, Any]:
@@ -80,6 +93,8 @@ EXAMPLE_ADAPTER = {
     "created_at": "2026-01-15T09:30:00Z",
     "loaded": True,
     "pinned": False,
+    "tool_call_format": None,
+    "chat_template_sha256": None,
 }
 """What the OpenAPI page shows as an example AdapterOut."""
 

@@ -6,10 +6,12 @@ Safe by construction:
   uses); file bytes go to disk in blocks of at most ``WRITE_BLOCK_BYTES``, never a whole file in memory;
 - a running count of file bytes across all parts stops the upload with 413 as soon as it passes the cap,
   and the body as a whole may exceed the cap only by ``MAX_FORM_OVERHEAD_BYTES`` (headers, boundaries,
-  the text fields);
-- only the parts ``name``, ``replace``, ``adapter_config.json`` and ``adapter_model.safetensors`` are
-  accepted, each once; the files are written under those fixed names, and a client's ``filename`` is
-  never read, so nothing the client sends becomes a path;
+  the text fields) and the chat files' own caps;
+- only the parts ``name``, ``replace``, ``tool_call_format``, ``adapter_config.json``,
+  ``adapter_model.safetensors``, ``chat_template.jinja`` and ``tokenizer_config.json`` are accepted, each
+  once; the two adapter files are written under those fixed names, and a client's ``filename`` is never
+  read, so nothing the client sends becomes a path; the chat files are small texts kept in memory, each
+  under its own cap (their content is checked by app/admin/adapter_chat.py);
 - the staging folder is a fresh random folder (mode 0700) under ``home/adapters/.uploads/`` and is
   removed when :func:`staged_upload`'s block ends, however it ends (what must survive is moved out first).
 """
@@ -22,27 +24,35 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from multipart import MultipartError, MultipartSegment, ParserLimitReached, PushMultipartParser, parse_options_header
 
 from app.adapters.store import ADAPTER_FILES
+from app.tool_calls.templates import MAX_TEMPLATE_CHARS
 from app.web.errors import ApiError, BadRequestError
 
 logger = logging.getLogger(__name__)
 
-NAME_FIELD, REPLACE_FIELD = "name", "replace"
-TEXT_FIELDS = (NAME_FIELD, REPLACE_FIELD)
-EXPECTED_PARTS = (NAME_FIELD, *ADAPTER_FILES, REPLACE_FIELD)
+NAME_FIELD, REPLACE_FIELD, FORMAT_FIELD = "name", "replace", "tool_call_format"
+TEXT_FIELDS = (NAME_FIELD, REPLACE_FIELD, FORMAT_FIELD)
+TEMPLATE_FILE, TOKENIZER_CONFIG_FILE = "chat_template.jinja", "tokenizer_config.json"
 MAX_TEXT_FIELD_BYTES = 256  # a name is at most 64 characters; anything longer is not a name
+# The chat files' caps: a template's characters take at most 4 bytes each in UTF-8 (its characters are
+# counted once decoded); a tokenizer_config.json lists the added tokens too, ~1 MiB for the largest vocabularies.
+MAX_CHAT_FILE_BYTES = {TEMPLATE_FILE: 4 * MAX_TEMPLATE_CHARS, TOKENIZER_CONFIG_FILE: 4 * 1024**2}
+EXPECTED_PARTS = (NAME_FIELD, *ADAPTER_FILES, REPLACE_FIELD, FORMAT_FIELD, *MAX_CHAT_FILE_BYTES)
 MAX_FORM_OVERHEAD_BYTES = 64 * 1024  # boundaries, part headers and text fields, on top of the file bytes
 MAX_PART_HEADER_BYTES = 4096  # one part header line; a client's long filename must not grow memory
 MAX_PARTS = len(EXPECTED_PARTS)  # a stream of more parts than the form has is refused while it is parsed
 WRITE_BLOCK_BYTES = 1024**2  # file bytes gathered before one write, done off the event loop
 MAX_ECHOED_PART_NAME = 80  # characters of an unexpected part's name repeated in the error
-FORM_PARTS = "the parts `name`, `adapter_config.json`, `adapter_model.safetensors` and optionally `replace`"
+FORM_PARTS = (
+    "the parts `name`, `adapter_config.json`, `adapter_model.safetensors` and optionally `replace`, "
+    "`tool_call_format`, `chat_template.jinja` and `tokenizer_config.json`"
+)
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
@@ -53,13 +63,16 @@ class UploadTooLargeError(ApiError):
 
 @dataclass(frozen=True, slots=True)
 class AdapterUpload:
-    """A received upload: the form's fields and the folder holding its two files."""
+    """A received upload: the form's fields, the folder holding its two files, and its chat files' texts."""
 
     name: str
     replace: bool
     folder: Path
     """Staging folder with exactly ``adapter_config.json`` and ``adapter_model.safetensors``."""
     num_file_bytes: int
+    tool_call_format: str | None = None
+    chat_files: dict[str, bytes] = field(default_factory=dict)
+    """``chat_template.jinja`` and ``tokenizer_config.json`` as sent, those the form has (read after validation)."""
 
 
 @asynccontextmanager
@@ -77,7 +90,7 @@ async def staged_upload(
     is answered before the files are read.
     """
     boundary = _boundary(content_type)
-    max_body_bytes = max_file_bytes + MAX_FORM_OVERHEAD_BYTES
+    max_body_bytes = max_file_bytes + MAX_FORM_OVERHEAD_BYTES + sum(MAX_CHAT_FILE_BYTES.values())
     if content_length is not None and content_length > max_body_bytes:
         raise _too_large(max_file_bytes)
     uploads_root.mkdir(parents=True, exist_ok=True)
@@ -97,6 +110,7 @@ class _FormReceiver:
         self.max_file_bytes = max_file_bytes
         self.check_name = check_name
         self.texts: dict[str, str] = {}
+        self.chat_files: dict[str, bytes] = {}
         self.files: set[str] = set()
         self.num_file_bytes = 0
         self._part: str | None = None
@@ -148,11 +162,24 @@ class _FormReceiver:
                 await self._flush()
         else:
             self._text += event
-            if len(self._text) > MAX_TEXT_FIELD_BYTES:
-                raise BadRequestError(
-                    f"The `{self._part}` field is longer than {MAX_TEXT_FIELD_BYTES} bytes; send a short text value.",
-                    param=self._part,
+            self._check_text_size()
+
+    def _check_text_size(self) -> None:
+        name = self._part or ""
+        if name in MAX_CHAT_FILE_BYTES:
+            if len(self._text) > MAX_CHAT_FILE_BYTES[name]:
+                fix = (
+                    f"a chat template has at most {MAX_TEMPLATE_CHARS} characters"
+                    if name == TEMPLATE_FILE
+                    else f"send its chat template alone, as `{TEMPLATE_FILE}`"
                 )
+                raise BadRequestError(
+                    f"The `{name}` part is larger than {MAX_CHAT_FILE_BYTES[name] // 1024} KiB; {fix}.", param=name
+                )
+        elif len(self._text) > MAX_TEXT_FIELD_BYTES:
+            raise BadRequestError(
+                f"The `{name}` field is longer than {MAX_TEXT_FIELD_BYTES} bytes; send a short text value.", param=name
+            )
 
     def _start(self, segment: MultipartSegment) -> None:
         name = segment.name or ""
@@ -164,10 +191,10 @@ class _FormReceiver:
             raise BadRequestError(
                 f"Unexpected form part {shown!r}{hint}; an adapter upload has only {FORM_PARTS}.", param=shown
             )
-        if name in self.texts or name in self.files:
+        if name in self.texts or name in self.files or name in self.chat_files:
             raise BadRequestError(f"The form has two `{name}` parts; send each part once.", param=name)
         self._part = name
-        if name in TEXT_FIELDS:
+        if name in TEXT_FIELDS or name in MAX_CHAT_FILE_BYTES:
             self._text = bytearray()
         else:
             # Fixed file names in a folder this process created: the client's filename is never used.
@@ -181,6 +208,8 @@ class _FormReceiver:
             self._file.close()
             self._file = None
             self.files.add(name)
+        elif name in MAX_CHAT_FILE_BYTES:
+            self.chat_files[name] = bytes(self._text)
         elif name is not None:
             try:
                 text = self._text.decode("utf-8").strip()
@@ -211,6 +240,8 @@ class _FormReceiver:
             replace=_flag(self.texts.get(REPLACE_FIELD, "")),
             folder=self.folder,
             num_file_bytes=self.num_file_bytes,
+            tool_call_format=self.texts.get(FORMAT_FIELD) or None,
+            chat_files=self.chat_files,
         )
 
 

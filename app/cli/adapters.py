@@ -21,6 +21,7 @@ from app.cli.management import (
     show,
     show_list,
 )
+from app.tool_calls.formats import FORMATS
 
 ADAPTER_COLUMNS = [
     ("ID", "id"),
@@ -44,22 +45,55 @@ adapters = management_group("adapters", "Upload, list, load, pin and delete adap
 @click.argument("name")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--replace", is_flag=True, help="Replace the tenant's adapter of that name.")
+@click.option(
+    "--tool-call-format",
+    type=click.Choice(sorted(FORMATS)),
+    help="The format the adapter writes tool calls in (default: the server's).",
+)
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The adapter's own chat template: a .jinja file or a tokenizer_config.json (default: FOLDER's "
+    "chat_template.jinja, else its tokenizer_config.json's chat_template, else the base model's).",
+)
 @json_option
 @pass_connection
-def adapters_upload(connection: Connection, tenant: str, name: str, folder: Path, replace: bool, as_json: bool) -> None:
+def adapters_upload(
+    connection: Connection,
+    tenant: str,
+    name: str,
+    folder: Path,
+    replace: bool,
+    tool_call_format: str | None,
+    chat_template: Path | None,
+    as_json: bool,
+) -> None:
     client = connection.client()
     owner = client.resolve_tenant(tenant)
     bar = _UploadBar(f"uploading {name}")
     try:
         adapter = client.upload_adapter(
-            owner["id"], name, folder, replace=replace, on_start=bar.start, on_bytes=bar.update
+            owner["id"],
+            name,
+            folder,
+            replace=replace,
+            tool_call_format=tool_call_format,
+            chat_template=chat_template,
+            on_start=bar.start,
+            on_bytes=bar.update,
         )
     finally:
         bar.close()
     state = "loaded" if adapter.get("loaded") else "not loaded"
+    chat = "".join(
+        (
+            ", its own chat template" if adapter.get("chat_template_sha256") else "",
+            f", {adapter['tool_call_format']} tool calls" if adapter.get("tool_call_format") else "",
+        )
+    )
     line = (
         f"uploaded adapter {adapter['name']} ({adapter['id']}) for tenant {owner['name']}: rank {adapter['rank']}, "
-        f"{human_size(adapter['size_bytes'])}, {state}"
+        f"{human_size(adapter['size_bytes'])}, {state}{chat}"
     )
     show(adapter, as_json, line)
 

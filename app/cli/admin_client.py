@@ -7,6 +7,7 @@ request from reaching the server.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import uuid
@@ -24,9 +25,12 @@ CONNECT_TIMEOUT_S = 5.0  # a server that is up accepts a connection at once; wai
 READ_TIMEOUT_S = 300.0  # an upload is checked against the base model and loaded before the server answers
 UPLOAD_CHUNK_BYTES = 256 * 1024  # small enough for a smooth progress bar, large enough to keep the socket busy
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # the two files of a PEFT LoRA folder
+TEMPLATE_FILE, TOKENIZER_CONFIG_FILE = "chat_template.jinja", "tokenizer_config.json"  # an adapter's own template
 FILE_CONTENT_TYPES = {
     "adapter_config.json": "application/json",
     "adapter_model.safetensors": "application/octet-stream",
+    TEMPLATE_FILE: "text/plain",
+    TOKENIZER_CONFIG_FILE: "application/json",
 }
 MAX_SHOWN_BODY = 200  # characters of a non-JSON error body repeated in the message
 
@@ -171,17 +175,26 @@ class AdminClient:
         folder: Path,
         *,
         replace: bool = False,
+        tool_call_format: str | None = None,
+        chat_template: Path | None = None,
         on_start: Callable[[int], object] | None = None,
         on_bytes: Callable[[int], object] | None = None,
     ) -> dict[str, Any]:
-        """Stream the folder's two files to the server; ``on_start`` gets the body's length before it is sent."""
+        """Stream the folder's two files (and its chat template) to the server.
+
+        ``chat_template`` (a .jinja file or a tokenizer_config.json) is sent instead of the folder's own;
+        ``on_start`` gets the body's length before it is sent.
+        """
         files = {}
         for file_name in ADAPTER_FILES:
             path = folder / file_name
             if not path.is_file():
                 raise AdminError(f"{folder} has no {file_name}; an adapter folder holds {' and '.join(ADAPTER_FILES)}")
             files[file_name] = path
+        files.update(_template_part(folder, chat_template))
         fields = {"name": name, **({"replace": "true"} if replace else {})}
+        if tool_call_format is not None:
+            fields["tool_call_format"] = tool_call_format
         body = MultipartBody(fields, files, on_bytes)
         if on_start is not None:
             on_start(body.length)
@@ -263,3 +276,26 @@ def _checked_id(text: str, what: str) -> str:
     if not _is_uuid(text):
         raise AdminError(f"{text!r} is not a valid {what} id; ids are UUIDs, as listings show them")
     return text
+
+
+def _template_part(folder: Path, chat_template: Path | None) -> dict[str, Path]:
+    """The chat template part: ``chat_template``, else the folder's chat_template.jinja, else its tokenizer_config.json.
+
+    A tokenizer_config.json is sent only when it holds a ``chat_template`` (or cannot be read here: the server
+    says what is wrong with it).
+    """
+    if chat_template is not None:
+        if not chat_template.is_file():
+            raise AdminError(f"{chat_template} is not a file; a template is a .jinja file or a {TOKENIZER_CONFIG_FILE}")
+        part = TOKENIZER_CONFIG_FILE if chat_template.name == TOKENIZER_CONFIG_FILE else TEMPLATE_FILE
+        return {part: chat_template}
+    if (folder / TEMPLATE_FILE).is_file():
+        return {TEMPLATE_FILE: folder / TEMPLATE_FILE}
+    config = folder / TOKENIZER_CONFIG_FILE
+    if not config.is_file():
+        return {}
+    try:
+        holds_template = "chat_template" in json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        holds_template = True
+    return {TOKENIZER_CONFIG_FILE: config} if holds_template else {}

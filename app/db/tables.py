@@ -105,6 +105,12 @@ class Adapter(Base):
     status: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Kept resident in every replica's engine (an admin's pin); announced to replicas on change."""
+    tool_call_format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """The format its tool calls are written and read in; None: the server's (LORAPLEX_TOOL_CALL_FORMAT)."""
+    chat_template: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
+    """Its own chat template (Jinja, checked at upload); None: the base model's. Read only by requests on it."""
+    chat_template_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """sha256 of ``chat_template``: what compiled templates are cached by."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

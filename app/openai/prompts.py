@@ -58,7 +58,10 @@ async def chat_prompt_ids(
     else:
         flattened = render_messages(body, plan)
         return await _tokenize(lambda: engine.encode_chat(flattened), num_chars)
-    text = _rendered(template, messages, tools)
+    if style.tenant_supplied:  # its cost is the tenant's to choose: never on the loop every stream shares
+        text = await asyncio.to_thread(_rendered, template, messages, tools)
+    else:
+        text = _rendered(template, messages, tools)
     _refuse_text_beyond_context(len(text), engine, "messages")
     return await _tokenize(lambda: engine.encode_rendered(text), len(text))
 

@@ -13,6 +13,7 @@ from app.limits.limiter import Limiter
 from app.observability.metrics import GatewayMetrics
 from app.openai import params as request_params
 from app.openai import replies, streams
+from app.openai.chat_styles import ChatStyles
 from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
 from app.openai.replies import Reply
 from app.openai.runs import Run, Submission, metered_outputs
@@ -42,6 +43,10 @@ class OpenAIService:
     max_n: int = DEFAULT_MAX_N
     max_prompts: int = DEFAULT_MAX_PROMPTS
     base_style: ChatStyle = field(default_factory=lambda: base_chat_style(None, DEFAULT_FORMAT))
+    styles: ChatStyles = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.styles = ChatStyles(self.base_style, self.resolver.chat_template)
 
     async def models(self, principal: Principal) -> ModelList:
         base = self.engine.model_name
@@ -65,7 +70,7 @@ class OpenAIService:
         """Run a chat completion metered as ``endpoint``: its reply, first output and the stream of the rest."""
         constraint, plan, param = output_constraint(body, self.base_style.tool_format)  # bad tools: 400 first
         model = await self.resolver.resolve(principal.tenant_id, body.model)
-        style = self.chat_style(model)
+        style = await self.styles.style(model)
         if plan is not None and plan.tool_format not in (None, style.tool_format):
             constraint, plan, param = output_constraint(body, style.tool_format)
         prompts = [Prompt(await chat_prompt_ids(body, self.engine, style, plan))]
@@ -84,10 +89,6 @@ class OpenAIService:
         if body.stream:
             return streams.completion_stream(reply, first, outputs)
         return replies.completion(reply, await last_outputs(first, outputs, body.model))
-
-    def chat_style(self, model: ResolvedModel) -> ChatStyle:
-        """How chat on ``model`` is rendered and read: the base model's template and format (adapters share them)."""
-        return self.base_style
 
     def _reply(self, reply_id: str, body: ChatCompletionRequest | CompletionRequest, prompts: list[Prompt]) -> Reply:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -11,11 +11,15 @@ from app.tool_calls.templates import ChatTemplate, ChatTemplateError, check_temp
 
 @dataclass(frozen=True, slots=True)
 class ChatStyle:
-    """A model's chat template (None: the tokenizer's own), the template for requests with tools, and its format."""
+    """A model's chat template (None: the tokenizer's own), the template for requests with tools, and its format.
+
+    ``tenant_supplied`` marks an adapter's own template: rendered off the event loop, as its cost is unknown.
+    """
 
     template: ChatTemplate | None
     tool_template: ChatTemplate
     tool_format: ToolCallFormat
+    tenant_supplied: bool = False
 
 
 def base_chat_style(template_file: Path | None, tool_format: str) -> ChatStyle:

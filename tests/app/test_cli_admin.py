@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from app.cli.main import cli
 from app.keys.secrets import KEY_PATTERN
 from tests.app.gateway_fixtures import chat_body, make_tenant
 from tests.app.live_server import LiveServer, free_port, live_server
+from tests.app.test_tool_calls_auto import PYTHONIC_TEMPLATE
 
 CHAT_TIMEOUT_S = 60.0  # a few tokens on the CPU, on a machine that may be busy
 REVOCATION_WAIT_S = 5.0  # the authenticator caches a key's record for 1 s
@@ -239,6 +242,30 @@ def test_upload_of_a_folder_without_the_files_is_one_line(loraplex: Loraplex, tm
         error == f"{tmp_path} has no adapter_model.safetensors; an adapter folder holds adapter_config.json and "
         "adapter_model.safetensors"
     )
+
+
+def test_upload_sends_the_folders_chat_template_and_the_format(
+    loraplex: Loraplex, tenant_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    succeeded(loraplex("tenants", "create", "acme"))
+    folder = tmp_path / "agent"
+    shutil.copytree(tenant_adapters["alpha"], folder)
+    (folder / "chat_template.jinja").write_text(PYTHONIC_TEMPLATE)
+    uploaded = succeeded(loraplex("adapters", "upload", "acme", "agent", str(folder), "--tool-call-format", "pythonic"))
+    assert uploaded.endswith(", its own chat template, pythonic tool calls\n"), uploaded
+
+    # --chat-template takes a tokenizer_config.json too, in place of the folder's template.
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": "{{ messages[0].content }}"}))  # renders no tools: refused
+    args = ("adapters", "upload", "acme", "agent-2", str(folder), "--chat-template", str(config))
+    refused = loraplex(*args)
+    assert refused.exit_code != 0 and refused.stdout == ""
+    error = refused.stderr.splitlines()[-1]  # after the progress bar
+    assert error.startswith("Error: `tokenizer_config.json`: the chat template does not render the tools"), error
+    config.write_text(json.dumps({"chat_template": PYTHONIC_TEMPLATE}))
+    shown = json.loads(succeeded(loraplex(*args, "--json")))
+    assert shown["chat_template_sha256"] == hashlib.sha256(PYTHONIC_TEMPLATE.encode()).hexdigest()
+    assert shown["tool_call_format"] is None
 
 
 def test_a_mistyped_id_is_one_line(loraplex: Loraplex) -> None:
