@@ -4,6 +4,8 @@ Each prompt asks for an object with named fields ("Describe a ship as JSON with 
 and crew."). An answer counts when it parses as a JSON object holding every asked field. Two clients:
 
 - ``openai``: ``response_format: {"type": "json_object"}`` through the official client;
+  the same subjects asked with no fields ("Describe a ship as JSON.") give ``nonempty_share``, the share
+  of answers that are an object holding anything (not ``{}``);
 - ``instructor``: instructor's JSON mode (``instructor.Mode.JSON``) asking for a Pydantic model of those
   fields, its retries off (one attempt per prompt, so the share is per request). instructor pins older
   ``openai`` and ``rich`` releases than the project's, so it is not a project dependency: run this script
@@ -71,6 +73,27 @@ def run_openai(client, model: str, seed: int, num_prompts: int, max_tokens: int)
     return results
 
 
+def run_bare(client, model: str, seed: int, num_prompts: int, max_tokens: int) -> list[tuple[bool, str]]:
+    """The same subjects asked with no fields ("Describe a ship as JSON."): does the answer hold anything?"""
+    results = []
+    for subject, _ in SUBJECTS[:num_prompts]:
+        response = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": f"Describe {subject} as JSON."}],
+            response_format={"type": "json_object"},
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=seed,
+        )
+        text = response.choices[0].message.content or ""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        results.append((isinstance(value, dict) and bool(value), text))
+    return results
+
+
 def run_instructor(client, model: str, seed: int, num_prompts: int, max_tokens: int) -> list[tuple[bool, str]]:
     import instructor
     from pydantic import create_model
@@ -123,8 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         len(results),
         share,
     )
+    summary = {"client": args.client, "num_prompts": len(results), "fields_share": share}
+    if args.client == "openai":
+        bare = run_bare(client, args.model, args.seed, args.num_prompts, args.max_tokens)
+        for ok, text in bare:
+            logger.info("%s %s", "ok " if ok else "BAD", text.replace("\n", "\\n")[:160])
+        summary["nonempty_share"] = sum(ok for ok, _ in bare) / len(bare)
+        logger.info(
+            "openai, no fields asked: %d of %d answers are non-empty objects", sum(ok for ok, _ in bare), len(bare)
+        )
     if args.json:
-        sys.stdout.write(json.dumps({"client": args.client, "num_prompts": len(results), "fields_share": share}) + "\n")
+        sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 
 

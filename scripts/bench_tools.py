@@ -9,12 +9,14 @@ the median without (1.0: free).
 Well-formed calls: the weather demo adapter (trained to answer weather questions with a hermes
 ``get_weather(city)`` call; trained once into the data folder if missing, or ``--weather-adapter``)
 asked weather questions it never saw in training, rendered with its tool by the shipped template, at
-temperature 1.0 with a seed each, decoded with the ``hermes`` structural tag (``tool_choice: auto``: text
-is free until a call opens) and without it (plain decoding, then the same parser). A call is well formed
-when the answer parses into complete calls, each naming the tool with arguments valid against its
-schema; ``well_formed_with_tag`` and ``well_formed_without_tag`` are the shares of answers that started
-a call (wrote ``<tool_call>``) whose calls all are well formed, and ``calls_started_*`` the shares of
-answers that started one.
+``--call-temperature`` (1.5 by default) with a seed each, decoded with the ``hermes`` structural tag
+(``tool_choice: auto``: text is free until a call opens) and without it (plain decoding, then the same
+parser). A call is well formed when the answer parses into complete calls, each naming the tool with
+arguments valid against its schema; ``well_formed_with_tag`` and ``well_formed_without_tag`` are the
+shares of answers that started a call (wrote ``<tool_call>``) whose calls all are well formed, and
+``calls_started_*`` the shares of answers that started one. At temperature 1.0 the demo adapter, trained
+on exactly this call, writes it well formed with or without the tag; 1.5 is where a sampled call goes
+wrong and the tag's guarantee shows.
 
     python scripts/bench_tools.py --json        # last line: one JSON object
 """
@@ -107,13 +109,15 @@ def overhead_rates(engine: Engine, prompts: list[list[int]], max_tokens: int, wi
     return run(engine, prompts, params)[1]
 
 
-def well_formed_shares(engine: Engine, prompts: list[list[int]], with_tag: bool) -> tuple[float, float]:
+def well_formed_shares(
+    engine: Engine, prompts: list[list[int]], temperature: float, with_tag: bool
+) -> tuple[float, float]:
     """On the weather adapter: the share of answers that started a call, and of those, the share well formed."""
     tool_format = FORMATS["hermes"]
     tool = ToolSpec(weather.TOOL_NAME, weather.TOOL_PARAMETERS)
     tag = GrammarConstraint.structural_tag(tool_format.structural_tag([tool], parallel=True))
     params = [
-        SamplingParams(max_tokens=64, temperature=1.0, seed=index, constraint=tag if with_tag else None)
+        SamplingParams(max_tokens=64, temperature=temperature, seed=index, constraint=tag if with_tag else None)
         for index in range(len(prompts))
     ]
     texts = run(engine, prompts, params, adapter=WEATHER)[0]
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--num-calls", type=int, default=48, help="answers per well-formed share")
+    parser.add_argument("--call-temperature", type=float, default=1.5, help="of the well-formed answers")
     parser.add_argument("--weather-adapter", default=None, help="the weather demo adapter's folder (default: trained)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of each configuration, alternated")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -180,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.num_calls)
     ]
     call_prompts = chat_prompts(tokenizer, asked, [weather.CHAT_TOOL])
-    started_with, with_tag = well_formed_shares(engine, call_prompts, with_tag=True)
-    started_without, without_tag = well_formed_shares(engine, call_prompts, with_tag=False)
+    started_with, with_tag = well_formed_shares(engine, call_prompts, args.call_temperature, with_tag=True)
+    started_without, without_tag = well_formed_shares(engine, call_prompts, args.call_temperature, with_tag=False)
     plain, tagged = statistics.median(rates[False]), statistics.median(rates[True])
     result = {
         "num_requests": args.num_requests,
@@ -191,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "with_tags_tok_s": round(tagged, 1),
         "overhead_ratio": round(tagged / plain, 3),
         "num_calls": args.num_calls,
+        "call_temperature": args.call_temperature,
         "well_formed_with_tag": round(with_tag, 3),
         "well_formed_without_tag": round(without_tag, 3),
         "calls_started_with_tag": round(started_with, 3),
