@@ -37,6 +37,7 @@ class Gateways:
     """Gateway A (deploys the engine app) and gateway B (joins it), on the same cluster and database."""
 
     JOINED = "joining the running engine app"
+    STOPPED = "gateway stopped: usage written"
 
     def __init__(
         self, model: Path, scratch: Path, ray_address: str, database_url: str, ray_env: dict[str, str], pool_mb: int
@@ -59,6 +60,14 @@ class Gateways:
 
     def start_b(self) -> None:
         _start("B", self.b)
+
+    def start_both(self) -> None:
+        """A and B at the same moment: both find no engine app and race to deploy it."""
+        started = time.perf_counter()
+        self.a.start()
+        self.b.start()
+        _wait("A", self.a, started)
+        _wait("B", self.b, started)
 
     def stop(self) -> None:
         """Stop both (the data folders stay, under the scratch folder)."""
@@ -114,6 +123,10 @@ def parent_pid(pid: int) -> int:
 def _start(name: str, gateway: DrillGateway) -> None:
     started = time.perf_counter()
     gateway.start()
+    _wait(name, gateway, started)
+
+
+def _wait(name: str, gateway: DrillGateway, started: float) -> None:
     try:
         gateway.wait_ready()
     except Exception:

@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -42,7 +43,7 @@ from bench_lora import write_synthetic_adapter
 from bench_ray import registrations_by_worker
 from drill_gateways import Gateways, parent_pid
 from ray_nodes import RayNode, kill_leftovers
-from sse_client import stream_request
+from sse_client import StreamResult, stream_request
 
 from app.db.embedded import EmbeddedPostgres
 from app.model_store import resolve_model
@@ -57,7 +58,9 @@ PROMPT = "The capital of France is"
 CONCURRENCY = 4
 MIN_HIT_RATE = 0.9
 MAX_GAP_S = 5.0
-STREAM_HEAD_START_S = 2.0  # B's stream runs this long before A is stopped
+STREAM_HEAD_START_S = 1.0  # B's first stream runs this long before A is stopped
+DEPLOYED = "Deploying new version of Deployment(name='EngineReplica'"
+CLEAN_EXITS = (0, -signal.SIGTERM)  # uvicorn raises SIGTERM again once its graceful shutdown is complete
 
 
 class DrillFailed(AssertionError):
@@ -95,39 +98,59 @@ async def run_requests(urls: list[str], key: str, models: list[str]) -> dict[str
     return done
 
 
+def serve_figures(temp_dir: Path) -> dict[str, int]:
+    """From Serve's own logs on these nodes: how often the engine app was deployed, how many replicas ever started."""
+    logs = temp_dir / "session_latest" / "logs" / "serve"
+    deployed = sum(log.read_text(errors="replace").count(DEPLOYED) for log in logs.glob("controller_*.log"))
+    return {"engine_deployments": deployed, "replicas_started": len(list(logs.glob("replica_*.log")))}
+
+
 def hit_rate(registrations: dict[str, float], num_requests: int, num_adapters: int) -> float:
     """bench_ray.py's figure: a request is a miss when it makes a replica register an adapter again."""
     misses = sum(registrations.values()) - num_adapters
     return round(1 - misses / (num_requests - num_adapters), 4)
 
 
-async def stream_through_restart(gateways: Gateways, key: str, model: str, tokens: int) -> dict[str, Any]:
-    """B's long stream, with A stopped and started again while it runs; the stream's and the restart's figures."""
+async def streams_through_restart(gateways: Gateways, key: str, model: str, tokens: int) -> dict[str, Any]:
+    """Streams on B one after another while A is stopped and started again; their figures and the restart's.
+
+    B's first stream is running when A gets its SIGTERM, and B's streams go on until one has run through A's
+    start as well (A's rejoining of the engine app), so both moments fall within a stream of B.
+    """
+    a_ready = asyncio.Event()
+    results: list[StreamResult] = []
+    body = completion_body(model, tokens, stream=True)
+
+    async def stream_on_b(http: httpx.AsyncClient) -> None:
+        while True:
+            ready_before = a_ready.is_set()
+            results.append(await stream_request(http, "/v1/completions", body, key))
+            if ready_before or not results[-1].ok:
+                return
+
     async with httpx.AsyncClient(base_url=gateways.b.url, timeout=600.0) as http:
-        stream = asyncio.create_task(
-            stream_request(http, "/v1/completions", completion_body(model, tokens, stream=True), key)
-        )
+        streams = asyncio.create_task(stream_on_b(http))
         await asyncio.sleep(STREAM_HEAD_START_S)
-        check(not stream.done(), f"B's stream ended within {STREAM_HEAD_START_S} s: ask for more tokens")
+        check(not results, f"B's stream ended within {STREAM_HEAD_START_S} s: ask for more tokens")
         restart_start = time.perf_counter()
         exit_code = await asyncio.to_thread(gateways.a.terminate)
         stopped_s = time.perf_counter() - restart_start
-        a_stopped_while_streaming = not stream.done()
+        a_stopped_while_streaming = not results
         await asyncio.to_thread(gateways.start_a)
         ready_s = time.perf_counter() - restart_start
-        a_ready_while_streaming = not stream.done()
-        result = await stream
-    gaps = [result.ttft_s or 0.0, *result.itl_s]
+        a_ready.set()
+        await streams
+    gaps = [gap for result in results for gap in [result.ttft_s or 0.0, *result.itl_s]]
     return {
-        "stream_tokens": result.completion_tokens,
-        "stream_error": result.error_kind,
-        "stream_s": round(result.ended_at - result.started_at, 2),
-        "stream_longest_gap_s": round(max(gaps), 3),
+        "b_streams": len(results),
+        "b_stream_tokens": [result.completion_tokens for result in results],
+        "b_stream_errors": [result.error_kind for result in results if not result.ok],
+        "b_streams_s": round(results[-1].ended_at - results[0].started_at, 2),
+        "b_longest_gap_s": round(max(gaps), 3),
         "a_exit_code": exit_code,
         "a_stop_s": round(stopped_s, 2),
         "a_restart_ready_s": round(ready_s, 2),
         "a_stopped_while_streaming": a_stopped_while_streaming,
-        "a_ready_while_streaming": a_ready_while_streaming,
     }
 
 
@@ -143,7 +166,9 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
     # Ray turns token authentication on for a head when ~/.ray/auth_token exists; the drill chooses it itself.
     ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ.update(ray_env)
-    node_env = ray_env | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # The drill's teardown stops every node at once: nothing to drain work to (Ray waits 30 s per node).
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    node_env = ray_env | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "PYTHONPATH": python_path}
     temp_dir = scratch / "ray"
 
     postgres = EmbeddedPostgres(scratch / "pgdata")
@@ -168,12 +193,18 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
 
     gateways = Gateways(folder, scratch, head.address, database_url, ray_env, args.pool_mb)
     stack.callback(gateways.stop)
-    gateways.start_a()
+    if args.together:
+        gateways.start_both()
+        joined = gateways.a.log_count(gateways.JOINED) + gateways.b.log_count(gateways.JOINED)
+        check(joined == 1, f"{joined} of the two gateways started together joined the engine app, not one")
+    else:
+        gateways.start_a()
+        gateways.start_b()
+        check(gateways.b.log_count(gateways.JOINED) == 1, "gateway B did not join the running engine app")
     before = gateways.wait_for_replicas(2)
     check(len({parent_pid(pid) for pid in before.values()}) == 2, f"both replicas on one node: {before}")
-    gateways.start_b()
-    check(gateways.b.log_count(gateways.JOINED) == 1, "gateway B did not join the running engine app")
-    check(gateways.wait_for_replicas(2) == before, "gateway B's start changed the replicas")
+    serve = serve_figures(temp_dir)
+    check(serve == {"engine_deployments": 1, "replicas_started": 2}, f"the gateways' starts deployed again: {serve}")
     logger.info("gateways A (%s) and B (%s) on replicas %s", gateways.a.url, gateways.b.url, before)
 
     key = gateways.make_tenant(adapters)
@@ -186,17 +217,25 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
     logger.info("affinity: %s requests served by gateway, registrations %s, hit rate %s", served, registrations, rate)
     check(rate >= MIN_HIT_RATE, f"affinity hit rate {rate} < {MIN_HIT_RATE}")
 
-    figures = asyncio.run(stream_through_restart(gateways, key, next(iter(adapters)), args.stream_tokens))
-    logger.info("B's stream through A's restart: %s", figures)
+    figures = asyncio.run(streams_through_restart(gateways, key, next(iter(adapters)), args.stream_tokens))
+    logger.info("B's streams through A's restart: %s", figures)
     after = gateways.wait_for_replicas(2)
-    check(figures["stream_error"] is None, f"B's stream failed: {figures['stream_error']}")
-    check(figures["stream_tokens"] == args.stream_tokens, f"B's stream ended after {figures['stream_tokens']} tokens")
-    check(figures["stream_longest_gap_s"] <= MAX_GAP_S, f"B's stream stalled {figures['stream_longest_gap_s']} s")
-    check(figures["a_exit_code"] == 0, f"gateway A exited with {figures['a_exit_code']}")
+    check(not figures["b_stream_errors"], f"B's streams failed: {figures['b_stream_errors']}")
+    check(
+        all(tokens == args.stream_tokens for tokens in figures["b_stream_tokens"]),
+        f"B's streams ended early: {figures['b_stream_tokens']} tokens",
+    )
+    check(figures["b_longest_gap_s"] <= MAX_GAP_S, f"B's stream stalled {figures['b_longest_gap_s']} s")
+    check(figures["a_stopped_while_streaming"], "B's first stream ended before A stopped")
+    check(figures["a_exit_code"] in CLEAN_EXITS, f"gateway A exited with {figures['a_exit_code']}")
+    check(gateways.a.log_count(gateways.STOPPED) == 1, "gateway A did not stop gracefully")
     check(after == before, f"the replicas changed across A's restart: {before} -> {after}")
     check(gateways.a.log_count(gateways.JOINED) == 1, "gateway A, restarted, did not join the running engine app")
     gateways.wait_until_served(gateways.a.url, key, list(adapters))
+    serve = serve_figures(temp_dir)
+    check(serve == {"engine_deployments": 1, "replicas_started": 2}, f"the engine app was deployed again: {serve}")
     return {
+        "gateways_started_together": args.together,
         "ok": True,
         "alive_nodes": len(alive),
         "requests": args.requests,
@@ -208,6 +247,7 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
         **figures,
         "replica_pids_before": before,
         "replica_pids_after": after,
+        **serve,
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -216,13 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100, help="4-token requests split between the gateways")
     parser.add_argument("--adapters", type=int, default=8)
-    parser.add_argument("--stream-tokens", type=int, default=400, help="tokens of B's stream through A's restart")
+    parser.add_argument("--stream-tokens", type=int, default=400, help="tokens of each of B's streams")
     parser.add_argument("--pool-mb", type=int, default=512, help="each replica's page pool")
+    parser.add_argument("--together", action="store_true", help="start A and B at once (both race to deploy)")
     parser.add_argument("--json", action="store_true", help="end with one JSON object")
     args = parser.parse_args(argv)
     if args.adapters < 1 or args.requests <= args.adapters or args.stream_tokens < 1:
         parser.error("--adapters and --stream-tokens must be at least 1, --requests more than --adapters")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     scratch = Path(tempfile.mkdtemp(prefix="raydrill-"))  # short: Ray's socket paths live under it
     scratch.chmod(0o755)  # as root, the embedded PostgreSQL runs as its own user and must reach it
     result: dict[str, Any]
