@@ -155,7 +155,6 @@ async def streams_through_restart(gateways: Gateways, key: str, model: str, toke
 
 
 def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
-    started = time.perf_counter()
     settings = Settings.from_env()
     folder = resolve_model(settings.model, settings.home)
     model_config = ModelConfig.from_folder(folder)
@@ -248,7 +247,6 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
         "replica_pids_before": before,
         "replica_pids_after": after,
         **serve,
-        "wall_s": round(time.perf_counter() - started, 1),
     }
 
 
@@ -268,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="raydrill-"))  # short: Ray's socket paths live under it
     scratch.chmod(0o755)  # as root, the embedded PostgreSQL runs as its own user and must reach it
     result: dict[str, Any]
+    started = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
             result = run_drill(args, scratch, stack)
@@ -278,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"ok": False, "error": str(error)[:2000]}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    result["wall_s"] = round(time.perf_counter() - started, 1)  # everything, the start-up and the teardown too
     logger.info("result: %s", result)
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
