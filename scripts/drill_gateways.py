@@ -49,6 +49,7 @@ class Gateways:
             "LORAPLEX_RAY_REPLICA_CPUS": "1",
             "LORAPLEX_POOL_MB": str(pool_mb),
             "DATABASE_URL": database_url,
+            "LORAPLEX_MIGRATE": "0",  # the database is migrated before the gateways start
             "LORAPLEX_KEY_SECRET": secrets.token_hex(32),
         }
         self.a = DrillGateway(model, env, parent=scratch)

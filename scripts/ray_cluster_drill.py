@@ -3,7 +3,7 @@
 1. A Ray head (``ray start --head``, 1 CPU, no dashboard) and a worker node (``ray start --address``, 1 CPU,
    a custom resource of its own): two alive nodes. Token authentication with a token made here (Ray turns
    it on for a head when ``~/.ray/auth_token`` exists, and then every node and driver needs it).
-2. One PostgreSQL (the embedded server) and two ``loraplex serve`` gateways, A and B, on it with
+2. One PostgreSQL (the embedded server, migrated here) and two ``loraplex serve`` gateways, A and B, on it with
    ``LORAPLEX_ENGINE=ray``, ``LORAPLEX_RAY_ADDRESS`` set to the head and two replicas of one CPU each (one
    per node). A deploys the engine app; B joins it ("joining the running engine app" in its log) and the
    replicas stay the same two processes.
@@ -46,6 +46,7 @@ from ray_nodes import RayNode, kill_leftovers
 from sse_client import StreamResult, stream_request
 
 from app.db.embedded import EmbeddedPostgres
+from app.db.migrate import upgrade
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
@@ -173,7 +174,8 @@ def run_drill(args: argparse.Namespace, scratch: Path, stack: contextlib.ExitSta
     postgres = EmbeddedPostgres(scratch / "pgdata")
     database_url = postgres.start()
     stack.callback(postgres.stop)
-    logger.info("PostgreSQL: %s", database_url)
+    applied = upgrade(database_url)  # as a deployment's migration job does: gateways started together would race
+    logger.info("PostgreSQL: %s, migrations applied: %s", database_url, applied)
 
     stack.callback(kill_leftovers, temp_dir)
     head = RayNode(temp_dir, scratch / "ray-head.log", num_cpus=1, env=node_env)
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_drill(args, scratch, stack)
     except (DrillFailed, RuntimeError, httpx.HTTPError) as error:
         logger.error("the drill failed: %s", error)
-        for log in sorted(scratch.rglob("*.log")):
+        for log in [*sorted(scratch.glob("*.log")), *sorted(scratch.glob("*/server.log"))]:
             logger.error("%s ends:\n%s", log.relative_to(scratch), log.read_text(errors="replace")[-3000:])
         result = {"ok": False, "error": str(error)[:2000]}
     finally:
