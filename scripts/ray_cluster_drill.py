@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapters < 1 or args.requests <= args.adapters or args.stream_tokens < 1:
         parser.error("--adapters and --stream-tokens must be at least 1, --requests more than --adapters")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     scratch = Path(tempfile.mkdtemp(prefix="raydrill-"))  # short: Ray's socket paths live under it
     scratch.chmod(0o755)  # as root, the embedded PostgreSQL runs as its own user and must reach it
     result: dict[str, Any]

@@ -2,13 +2,13 @@
 
 The gateway is a Ray driver on a node of the cluster (not a Serve ingress): it keeps its own HTTP server,
 database pools and shutdown, reaches the engine replicas through a deployment handle, and several gateways
-share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway
-starts a single-node Ray of its own and shuts it down when it stops; given an address, it joins that
-cluster and leaves the engine app running when it stops. There it joins the engine app as it runs (with
-the settings of the gateway that deployed it), waits while another gateway deploys it, and deploys it
-itself only when it is absent or failed, after claiming the deployment in the directory: gateways that
-start together deploy it once, and a gateway's start or restart never replaces the replicas under the
-streams of the others.
+share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway starts a
+single-node Ray of its own and shuts it down when it stops; given an address, it joins that cluster and
+leaves the engine app running when it stops. There it joins the engine app as it runs (with the settings
+of the gateway that deployed it), waits while another gateway deploys it, and deploys it itself only when
+it is absent or failed, after claiming the deployment in the directory: gateways that start together
+start Serve once and deploy the app once, and a gateway's start or restart never replaces the replicas
+under the others' streams.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 import ray
 from ray import serve
 from ray.actor import ActorHandle
+from ray.exceptions import ActorAlreadyExistsError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ApplicationStatus
 
@@ -80,7 +81,7 @@ def deploy_engine(
     directory = EngineDirectory.options(
         name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()
-    serve.start(proxy_location="Disabled")
+    _start_serve()
     if not owns_ray and join_or_claim(ENGINE_APP, directory):  # another gateway deployed it: share it as it is
         logger.info("joining the running engine app %s", ENGINE_APP)
         return EngineDeployment(serve.get_app_handle(ENGINE_APP), directory, owns_ray)
@@ -104,6 +105,15 @@ def deploy_engine(
     handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
     logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
     return EngineDeployment(handle, directory, owns_ray)
+
+
+def _start_serve() -> None:
+    """Start Serve on the cluster, or connect to it: to the one another gateway starts this very moment too."""
+    try:
+        serve.start(proxy_location="Disabled")
+    except ActorAlreadyExistsError:  # another gateway created Serve's controller between our look and our create
+        logger.info("Serve was started by another gateway at the same moment; connecting to it")
+        serve.start(proxy_location="Disabled")
 
 
 def join_or_claim(app_name: str, directory: ActorHandle) -> bool:
