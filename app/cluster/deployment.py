@@ -82,7 +82,8 @@ def deploy_engine(
         name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()
     _start_serve()
-    if not owns_ray and join_or_claim(ENGINE_APP, directory):  # another gateway deployed it: share it as it is
+    gateway_id = uuid.uuid4().hex
+    if not owns_ray and join_or_claim(ENGINE_APP, directory, gateway_id):  # another gateway deployed it: share it
         logger.info("joining the running engine app %s", ENGINE_APP)
         return EngineDeployment(serve.get_app_handle(ENGINE_APP), directory, owns_ray)
     cpus = settings.replica_cpus
@@ -102,7 +103,10 @@ def deploy_engine(
         },
     )
     app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER), database_url)
-    handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
+    try:
+        handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
+    finally:
+        directory.release_deployment.remote(gateway_id)
     logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
     return EngineDeployment(handle, directory, owns_ray)
 
@@ -116,13 +120,13 @@ def _start_serve() -> None:
         serve.start(proxy_location="Disabled")
 
 
-def join_or_claim(app_name: str, directory: ActorHandle) -> bool:
-    """True when ``app_name`` runs (join it); False when this gateway claimed its deployment (deploy it).
+def join_or_claim(app_name: str, directory: ActorHandle, gateway_id: str) -> bool:
+    """True when ``app_name`` runs (join it); False when ``gateway_id`` claimed its deployment (deploy it,
+    then release the claim).
 
     Waits while another gateway deploys it (Serve says DEPLOYING, or that gateway's claim is fresh), as long
     as a deployment of its own would take; an app that is absent, failed or unhealthy is claimed.
     """
-    gateway_id = uuid.uuid4().hex
     waiting = False
     while True:
         overview = serve.status().applications.get(app_name)

@@ -68,6 +68,11 @@ class EngineDirectory:
         self._deployer = (gateway_id, now + lease_s)
         return True
 
+    async def release_deployment(self, gateway_id: str) -> None:
+        """``gateway_id`` deployed the engine app (or failed to): another gateway may claim it at once."""
+        if self._deployer is not None and self._deployer[0] == gateway_id:
+            self._deployer = None
+
     async def leave(self, replica_id: str) -> None:
         self._members.pop(replica_id, None)
         async with self._replied:

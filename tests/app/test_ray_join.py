@@ -51,7 +51,10 @@ def test_a_deployment_claim_holds_off_other_gateways_until_it_lapses(ray_engine)
     assert not ray.get(directory.claim_deployment.remote("gateway-b", SHORT_CLAIM_S))
     assert ray.get(directory.claim_deployment.remote("gateway-a", SHORT_CLAIM_S)), "the claimant renews its claim"
     time.sleep(SHORT_CLAIM_S + 0.2)
-    assert ray.get(directory.claim_deployment.remote("gateway-b", SHORT_CLAIM_S))
+    assert ray.get(directory.claim_deployment.remote("gateway-b", SHORT_CLAIM_S)), "a lapsed claim holds no one"
+    ray.get(directory.release_deployment.remote("gateway-b"))
+    assert ray.get(directory.claim_deployment.remote("gateway-c", SHORT_CLAIM_S)), "a released claim holds no one"
+    ray.get(directory.release_deployment.remote("gateway-c"))
 
 
 def test_a_gateway_starting_while_the_app_deploys_waits_and_joins_the_same_replica(ray_engine) -> None:
@@ -61,11 +64,12 @@ def test_a_gateway_starting_while_the_app_deploys_waits_and_joins_the_same_repli
     try:
         _wait_until_listed(app_name)
         started = time.monotonic()
-        assert join_or_claim(app_name, _directory()), "the gateway claimed an app another one was deploying"
+        joined = join_or_claim(app_name, _directory(), "gateway-joining")
+        assert joined, "the gateway claimed an app another one was deploying"
         assert time.monotonic() - started > 0.5, "the gateway did not wait for the deployment"
         deployer.join()
         first = serve.get_app_handle(app_name).remote().result()
-        assert join_or_claim(app_name, _directory())
+        assert join_or_claim(app_name, _directory(), "gateway-restarted")
         assert serve.get_app_handle(app_name).remote().result() == first
     finally:
         deployer.join()
@@ -73,8 +77,11 @@ def test_a_gateway_starting_while_the_app_deploys_waits_and_joins_the_same_repli
 
 
 def test_a_gateway_waits_for_another_gateways_fresh_claim_then_claims_an_absent_app(ray_engine) -> None:
-    time.sleep(SHORT_CLAIM_S + 0.2)  # any claim of an earlier test has lapsed
-    assert ray.get(_directory().claim_deployment.remote("another-gateway", SHORT_CLAIM_S))
+    directory = _directory()
+    assert ray.get(directory.claim_deployment.remote("another-gateway", SHORT_CLAIM_S))
     started = time.monotonic()
-    assert not join_or_claim("loraplex-test-absent", _directory())
-    assert time.monotonic() - started >= SHORT_CLAIM_S * 0.9
+    try:
+        assert not join_or_claim("loraplex-test-absent", directory, "gateway-waiting")
+        assert time.monotonic() - started >= SHORT_CLAIM_S * 0.9
+    finally:
+        ray.get(directory.release_deployment.remote("gateway-waiting"))
