@@ -5,14 +5,18 @@
    it on for a head when ``~/.ray/auth_token`` exists, and then every node and driver needs it).
 2. One PostgreSQL (the embedded server, migrated here) and two ``loraplex serve`` gateways, A and B, on it with
    ``LORAPLEX_ENGINE=ray``, ``LORAPLEX_RAY_ADDRESS`` set to the head and two replicas of one CPU each (one
-   per node). A deploys the engine app; B joins it ("joining the running engine app" in its log) and the
-   replicas stay the same two processes.
+   per node). A deploys the engine app; B joins it ("joining the running engine app" in its log). With
+   ``--together`` both start at once and race to deploy: one deploys, the other joins. Serve's controller
+   log must show one deployment and two replicas started, to the end.
 3. A tenant, its key and ``--adapters`` synthetic adapters made through A's admin API; ``--requests``
    requests for them, alternately through A and B, must all succeed, and the replicas' adapter
-   registrations give the affinity hit rate (as ``bench_ray.py`` computes it).
-4. A ``--stream-tokens`` streamed completion on B; while it streams, A is stopped (SIGTERM) and started
-   again. B's stream must end with all its tokens and no error event; the replicas' process ids must be
-   the same before and after; A, restarted, serves every adapter again.
+   registrations give the affinity hit rate (as ``bench_ray.py`` computes it; no adapter is unloaded, so
+   it cannot fall below 1 - adapters / requests: ``adapters_on_two_replicas``, 0 when every adapter stayed
+   on one replica, is the sharper figure).
+4. Streams of ``--stream-tokens`` tokens on B, one after another, while A is stopped (SIGTERM) and started
+   again: the first runs when A gets its signal, the last through A's rejoining. Each must end with all
+   its tokens, no error event and no gap over ``MAX_GAP_S``; A must exit cleanly; the replicas' process
+   ids must be the same before and after; A, restarted, serves every adapter again.
 
 Everything started here is stopped at the end, on failure too: the gateways, both Ray nodes (their own
 processes only; ``ray stop`` would end every Ray on the machine), the PostgreSQL. Progress goes to stderr;
