@@ -73,7 +73,7 @@ class LocalServer:
             **self.extra_env,
         }
         command = [sys.executable, "-m", "app.cli.main", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        with (self.home / "server.log").open("wb") as log:
+        with (self.home / "server.log").open("ab") as log:  # a restart appends to the same log
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -81,7 +81,7 @@ class LocalServer:
     def stop(self) -> int | None:
         """SIGTERM and wait (a kill if it hangs); the exit code, or None if it never started. Removes the folder."""
         try:
-            return self._stop_process()
+            return self.terminate()
         finally:
             self._stop_leftover_postgres()
             shutil.rmtree(self.home, ignore_errors=True)
@@ -109,7 +109,8 @@ class LocalServer:
                     )
                 time.sleep(POLL_S)
 
-    def _stop_process(self) -> int | None:
+    def terminate(self) -> int | None:
+        """SIGTERM and wait (a kill if it hangs), keeping the data folder: :meth:`start` may run it again."""
         if self.process is None:
             return None
         if self.process.poll() is None:

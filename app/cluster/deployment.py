@@ -2,22 +2,30 @@
 
 The gateway is a Ray driver on a node of the cluster (not a Serve ingress): it keeps its own HTTP server,
 database pools and shutdown, reaches the engine replicas through a deployment handle, and several gateways
-share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway
-starts a single-node Ray of its own and shuts it down when it stops; given an address, it joins that
-cluster, deploys the engine app if it is not running there (or updates it), and leaves it running.
+share one deployment. Serve's own HTTP proxy is not started. With no address, the gateway starts a
+single-node Ray of its own and shuts it down when it stops; given an address, it joins that cluster and
+leaves the engine app running when it stops. There it joins the engine app as it runs (with the settings
+of the gateway that deployed it), waits while another gateway deploys it, and deploys it itself only when
+it is absent or failed, after claiming the deployment in the directory: gateways that start together
+start Serve once and deploy the app once, and a gateway's start or restart never replaces the replicas
+under the others' streams.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
 from ray import serve
 from ray.actor import ActorHandle
+from ray.exceptions import ActorAlreadyExistsError
 from ray.serve.handle import DeploymentHandle
+from ray.serve.schema import ApplicationStatus
 
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE, EngineDirectory
 from app.cluster.environment import REPLICA_ENVIRONMENT, configure_ray_environment
@@ -29,6 +37,9 @@ logger = logging.getLogger(__name__)
 ENGINE_APP = "loraplex-engine"
 REPLICA_CACHE_FOLDER = "worker-adapters"  # under the data folder on each replica's node
 HEALTH_CHECK_PERIOD_S = 2.0  # how soon Serve notices a replica whose engine died
+DEPLOY_CLAIM_S = 30.0  # a gateway's claim to deploy the engine app; its deployment shows in Serve's status before
+DEPLOY_POLL_S = 0.5  # between looks at the status of an engine app another gateway deploys
+WAIT_STATUSES = (ApplicationStatus.DEPLOYING, ApplicationStatus.DELETING)  # another gateway's doing: wait for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +81,9 @@ def deploy_engine(
     directory = EngineDirectory.options(
         name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()
-    serve.start(proxy_location="Disabled")
-    if not owns_ray and _is_running(ENGINE_APP):  # another gateway deployed it: share it as it is
+    _start_serve()
+    gateway_id = uuid.uuid4().hex
+    if not owns_ray and join_or_claim(ENGINE_APP, directory, gateway_id):  # another gateway deployed it: share it
         logger.info("joining the running engine app %s", ENGINE_APP)
         return EngineDeployment(serve.get_app_handle(ENGINE_APP), directory, owns_ray)
     cpus = settings.replica_cpus
@@ -91,14 +103,42 @@ def deploy_engine(
         },
     )
     app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER), database_url)
-    handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
+    try:
+        handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
+    finally:
+        directory.release_deployment.remote(gateway_id)
     logger.info("engine app deployed on Ray: %d replica(s)", settings.num_replicas)
     return EngineDeployment(handle, directory, owns_ray)
 
 
-def _is_running(app_name: str) -> bool:
-    status = serve.status().applications.get(app_name)
-    return status is not None and status.status == "RUNNING"
+def _start_serve() -> None:
+    """Start Serve on the cluster, or connect to it: to the one another gateway starts this very moment too."""
+    try:
+        serve.start(proxy_location="Disabled")
+    except ActorAlreadyExistsError:  # another gateway created Serve's controller between our look and our create
+        logger.info("Serve was started by another gateway at the same moment; connecting to it")
+        serve.start(proxy_location="Disabled")
+
+
+def join_or_claim(app_name: str, directory: ActorHandle, gateway_id: str) -> bool:
+    """True when ``app_name`` runs (join it); False when ``gateway_id`` claimed its deployment (deploy it,
+    then release the claim).
+
+    Waits while another gateway deploys it (Serve says DEPLOYING, or that gateway's claim is fresh), as long
+    as a deployment of its own would take; an app that is absent, failed or unhealthy is claimed.
+    """
+    waiting = False
+    while True:
+        overview = serve.status().applications.get(app_name)
+        status = None if overview is None else overview.status
+        if status == ApplicationStatus.RUNNING:
+            return True
+        if status not in WAIT_STATUSES and ray.get(directory.claim_deployment.remote(gateway_id, DEPLOY_CLAIM_S)):
+            return False
+        if not waiting:
+            logger.info("waiting for the engine app %s that another gateway deploys (%s)", app_name, status)
+            waiting = True
+        time.sleep(DEPLOY_POLL_S)
 
 
 def shut_down(deployment: EngineDeployment) -> None:

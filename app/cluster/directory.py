@@ -6,6 +6,9 @@ long-polls it for commands (``engine/worker_protocol.py`` messages, as bytes); :
 queues a command for every live replica and returns each one's :class:`Reply`. A replica that has not
 polled for ``LIVENESS_S`` is dropped (it died; Serve starts another, which joins afresh). Pins are kept
 here as well, so a replica that joins later (a restart, a scale-up) pins the same adapters.
+
+Gateways that join a cluster also claim here the right to deploy the engine app
+(:meth:`EngineDirectory.claim_deployment`), so that two of them starting at once deploy it once.
 """
 
 from __future__ import annotations
@@ -45,12 +48,30 @@ class EngineDirectory:
         self._replies: dict[int, dict[str, bytes]] = {}
         self._replied = asyncio.Condition()
         self._pins: dict[str, bytes] = {}  # digest -> the PinAdapter command a joining replica replays
+        self._deployer: tuple[str, float] | None = None  # the gateway deploying the engine app, until (monotonic)
 
     async def join(self, replica_id: str, pid: int) -> list[bytes]:
         """Register a replica; the pin commands it must apply before it serves."""
         self._members[replica_id] = _Member(pid, time.monotonic())
         logger.info("engine replica %s (pid %d) joined", replica_id, pid)
         return list(self._pins.values())
+
+    async def claim_deployment(self, gateway_id: str, lease_s: float) -> bool:
+        """Whether ``gateway_id`` may deploy the engine app now: no other gateway claimed it in the last ``lease_s``.
+
+        A claim lasts ``lease_s`` (the claimant's deployment shows in Serve's status well before), so a gateway
+        that died before deploying holds no one up for long.
+        """
+        now = time.monotonic()
+        if self._deployer is not None and self._deployer[0] != gateway_id and now < self._deployer[1]:
+            return False
+        self._deployer = (gateway_id, now + lease_s)
+        return True
+
+    async def release_deployment(self, gateway_id: str) -> None:
+        """``gateway_id`` deployed the engine app (or failed to): another gateway may claim it at once."""
+        if self._deployer is not None and self._deployer[0] == gateway_id:
+            self._deployer = None
 
     async def leave(self, replica_id: str) -> None:
         self._members.pop(replica_id, None)
