@@ -3,9 +3,10 @@
 A template is Jinja, as Hugging Face tokenizers carry it (``messages``, ``tools``,
 ``add_generation_prompt``, the ``tojson`` filter, ``raise_exception``). A tenant's template is untrusted
 text that becomes code: it runs in Jinja's immutable sandbox (no attribute of Python internals, no
-mutation of what it is given), its source is bounded to ``MAX_TEMPLATE_CHARS`` and its output to
-``MAX_RENDERED_CHARS``, and :func:`check_template` renders a sample conversation with tools and calls
-before one is accepted, saying what went wrong when it fails.
+mutation of what it is given), its source is bounded to ``MAX_TEMPLATE_CHARS``, its output to
+``MAX_RENDERED_CHARS``, each value it builds to the same size (app/tool_calls/template_sandbox.py) and each
+render to ``MAX_RENDER_SECONDS`` (app/tool_calls/render_deadline.py); :func:`check_template` renders a sample
+conversation with tools and calls before one is accepted, saying what went wrong when it fails.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from importlib import resources
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.tool_calls.render_deadline import RenderDeadlineError, run_with_deadline
+from app.tool_calls.template_sandbox import (
+    MAX_JSON_INDENT,
+    MAX_VALUE_SIZE,
+    BoundedSandboxedEnvironment,
+    TemplateBoundError,
+)
 
 MAX_TEMPLATE_CHARS = 64 * 1024  # the largest Hugging Face chat templates are ~20k characters
-MAX_RENDERED_CHARS = 4 * 1024 * 1024  # a prompt past this fits no context this server serves
+MAX_RENDERED_CHARS = MAX_VALUE_SIZE  # a prompt past 4 MiB fits no context this server serves
+MAX_RENDER_SECONDS = 1.0  # real templates render in milliseconds (docs/tools.md has the figures)
 SHIPPED_TEMPLATE = "chatml_tools.jinja"
 
 SAMPLE_TOOLS: list[dict[str, Any]] = [
@@ -62,11 +71,13 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, indent: int | None = None) -> str:
     """JSON as Hugging Face's templates expect it: not HTML-escaped, non-ASCII kept."""
+    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= MAX_JSON_INDENT):
+        raise TemplateBoundError(f"tojson's indent must be a number of spaces from 0 to {MAX_JSON_INDENT}")
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+def _environment() -> BoundedSandboxedEnvironment:
+    environment = BoundedSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(str(fmt))
@@ -107,16 +118,17 @@ class ChatTemplate:
             "bos_token": "",
             "eos_token": "",
         }
-        parts: list[str] = []
-        size = 0
         try:
-            for part in self._template.generate(**context):
-                size += len(part)
-                if size > MAX_RENDERED_CHARS:
-                    raise _RenderedTooLongError
-                parts.append(part)
+            return run_with_deadline(lambda: self._generate(context), MAX_RENDER_SECONDS)
+        except RenderDeadlineError:
+            raise ChatTemplateError(
+                f"the chat template ran longer than {MAX_RENDER_SECONDS:g} s on this conversation, the most one "
+                "render may take"
+            ) from None
         except _RenderedTooLongError:
             raise ChatTemplateError(f"the chat template rendered more than {MAX_RENDERED_CHARS} characters") from None
+        except TemplateBoundError as error:
+            raise ChatTemplateError(f"the chat template went past a bound: {error}") from None
         except jinja2.exceptions.SecurityError as error:
             raise ChatTemplateError(f"the chat template did something the sandbox forbids: {error}") from None
         except jinja2.TemplateError as error:
@@ -129,8 +141,19 @@ class ChatTemplate:
             IndexError,
             ZeroDivisionError,
             RecursionError,
+            OverflowError,
+            MemoryError,
         ) as error:
             raise ChatTemplateError(f"the chat template failed: {type(error).__name__}: {error}") from None
+
+    def _generate(self, context: dict[str, Any]) -> str:
+        parts: list[str] = []
+        size = 0
+        for part in self._template.generate(**context):
+            size += len(part)
+            if size > MAX_RENDERED_CHARS:
+                raise _RenderedTooLongError
+            parts.append(part)
         return "".join(parts)
 
 
