@@ -87,7 +87,8 @@ def _environment() -> BoundedSandboxedEnvironment:
 class ChatTemplate:
     """A compiled chat template."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, max_render_seconds: float | None = MAX_RENDER_SECONDS) -> None:
+        """``max_render_seconds``: None for the server's own templates, which render untraced (~2.7x faster)."""
         if len(source) > MAX_TEMPLATE_CHARS:
             raise ChatTemplateError(
                 f"the chat template has {len(source)} characters; at most {MAX_TEMPLATE_CHARS} are taken"
@@ -101,11 +102,13 @@ class ChatTemplate:
                 f"the chat template is not valid Jinja (line {error.lineno}: {error.message})"
             ) from None
         self.source = source
+        self.max_render_seconds = max_render_seconds
 
     @classmethod
     def shipped(cls) -> ChatTemplate:
         """The shipped ChatML template that renders tools and calls in the hermes format."""
-        return cls(resources.files(__package__).joinpath("templates", SHIPPED_TEMPLATE).read_text(encoding="utf-8"))
+        source = resources.files(__package__).joinpath("templates", SHIPPED_TEMPLATE).read_text(encoding="utf-8")
+        return cls(source, max_render_seconds=None)
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool = True
@@ -119,10 +122,12 @@ class ChatTemplate:
             "eos_token": "",
         }
         try:
-            return run_with_deadline(lambda: self._generate(context), MAX_RENDER_SECONDS)
+            if self.max_render_seconds is None:
+                return self._generate(context)
+            return run_with_deadline(lambda: self._generate(context), self.max_render_seconds)
         except RenderDeadlineError:
             raise ChatTemplateError(
-                f"the chat template ran longer than {MAX_RENDER_SECONDS:g} s on this conversation, the most one "
+                f"the chat template ran longer than {self.max_render_seconds:g} s on this conversation, the most one "
                 "render may take"
             ) from None
         except _RenderedTooLongError:
@@ -157,13 +162,13 @@ class ChatTemplate:
         return "".join(parts)
 
 
-def check_template(source: str) -> ChatTemplate:
+def check_template(source: str, *, max_render_seconds: float | None = MAX_RENDER_SECONDS) -> ChatTemplate:
     """``source`` compiled, once it has rendered a sample conversation with tools, a call and its result.
 
     ChatTemplateError says why it is refused: it does not compile, fails on the sample, or renders
     neither the tools nor the call (a template that drops them would leave the model blind to its tools).
     """
-    template = ChatTemplate(source)
+    template = ChatTemplate(source, max_render_seconds=max_render_seconds)
     rendered = template.render(SAMPLE_MESSAGES, SAMPLE_TOOLS)
     for needle, what in (("get_weather", "the tools and calls"), ("18 C, sunny", "the tool's result")):
         if needle not in rendered:
