@@ -41,25 +41,34 @@ _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL
 _DIGITS = re.compile(r"\d+")
 
 
+_STRING_TYPES = frozenset({str, bytes, bytearray})
+_SCALAR_TYPES = frozenset({int, float, bool, type(None)})
+
+
 class TemplateBoundError(Exception):
     """An operation in a template would build a value past a bound; the message says which."""
 
 
 def size_of(value: Any) -> int:
-    """Characters of a string, or items plus their sizes for a container; walks at most past the bound."""
+    """Characters of a string, or items plus their sizes for a container; stops walking past the bound."""
     total = 0
     stack = [value]
     while stack and total <= MAX_VALUE_SIZE:
         item = stack.pop()
         if isinstance(item, str | bytes | bytearray):
             total += len(item)
-        elif isinstance(item, list | tuple | set | frozenset):
+        elif isinstance(item, list | tuple | set | frozenset | dict):
             total += 1 + len(item)
-            stack.extend(item)
-        elif isinstance(item, dict):
-            total += 1 + 2 * len(item)
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            if total > MAX_VALUE_SIZE:
+                break
+            elements = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            element_types = set(map(type, elements))  # one pass in C: most lists hold only strings or numbers
+            if element_types <= _SCALAR_TYPES:
+                continue
+            if element_types <= _STRING_TYPES:
+                total += sum(map(len, elements))
+            else:
+                stack.extend(elements)
         else:
             total += 1
     return total
