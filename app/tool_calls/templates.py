@@ -19,12 +19,8 @@ from typing import Any
 import jinja2
 
 from app.tool_calls.render_deadline import RenderDeadlineError, run_with_deadline
-from app.tool_calls.template_sandbox import (
-    MAX_JSON_INDENT,
-    MAX_VALUE_SIZE,
-    BoundedSandboxedEnvironment,
-    TemplateBoundError,
-)
+from app.tool_calls.template_sandbox import BoundedSandboxedEnvironment
+from app.tool_calls.template_sizes import MAX_JSON_INDENT, MAX_VALUE_SIZE, TemplateBoundError
 
 MAX_TEMPLATE_CHARS = 64 * 1024  # the largest Hugging Face chat templates are ~20k characters
 MAX_RENDERED_CHARS = MAX_VALUE_SIZE  # a prompt past 4 MiB fits no context this server serves
