@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -104,6 +105,8 @@ async def test_an_adapters_template_and_format_serve_its_requests_and_the_base_k
         assert base_choice["message"]["content"].startswith("[")
 
 
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
 # (case id, the form's extra fields, its extra parts, the part the 400 names, words the message must hold)
 BAD_CHAT_PARTS = [
     ("unknown-format", {"tool_call_format": "xml"}, [], "tool_call_format", "hermes, llama3_json, mistral, pythonic"),
@@ -116,6 +119,7 @@ BAD_CHAT_PARTS = [
         "does not render the tools",
     ),
     ("escapes-the-sandbox", {}, [(TEMPLATE, b"{{ messages.append(1) }}")], TEMPLATE, "sandbox"),
+    ("runs-too-long", {}, [(TEMPLATE, NESTED_LOOPS.encode())], TEMPLATE, "ran longer than 1 s"),
     ("too-many-characters", {}, [(TEMPLATE, b"x" * (MAX_TEMPLATE_CHARS + 1))], TEMPLATE, str(MAX_TEMPLATE_CHARS)),
     ("too-many-bytes", {}, [(TEMPLATE, b"x" * (MAX_CHAT_FILE_BYTES[TEMPLATE] + 1))], TEMPLATE, "larger than 256 KiB"),
     ("not-utf8", {}, [(TEMPLATE, b"\xff\xfe{{ x }}")], TEMPLATE, "not UTF-8"),
@@ -180,3 +184,27 @@ async def test_bad_templates_and_formats_are_refused_and_nothing_is_stored(
         async with gateway.database.sessions() as session:
             stored = await session.scalar(select(Adapter.chat_template).where(Adapter.id == uuid.UUID(adapter["id"])))
         assert stored == PYTHONIC_TEMPLATE
+
+
+async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_that_request(
+    gateway_settings, default_engine, tenant_adapters
+):
+    # The upload's samples never say "spin": the check passes, and the loop waits for a request that does.
+    hidden = PYTHONIC_TEMPLATE + "{% if messages[-1].content == 'spin' %}" + NESTED_LOOPS + "{% endif %}"
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        acme = await make_tenant(gateway, "acme")
+        files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, hidden.encode())]
+        uploaded = await client.post(
+            adapters_url(acme.tenant_id), data={"name": "agent"}, files=files, headers=admin.headers
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        started = time.monotonic()
+        spun = await client.post(
+            CHAT,
+            json={"model": "agent", "messages": [{"role": "user", "content": "spin"}], "max_tokens": 1},
+            headers=acme.headers,
+        )
+        assert time.monotonic() - started < 5  # the 1 s budget, and a request's own cost on a shared machine
+        assert spun.status_code == 400, spun.text
+        assert "ran longer than 1 s" in spun.json()["error"]["message"]

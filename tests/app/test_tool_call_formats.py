@@ -129,7 +129,10 @@ def test_the_shipped_template_renders_tools_calls_and_results_in_the_hermes_form
         ("{% for m in messages %}", "not valid Jinja"),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", "does not render the tools"),
         ("{{ raise_exception('no tools here') }}", "no tools here"),
-        ("{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxx{% endfor %}{% endfor %}", "more than"),
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{{ 'x' * 1000 }}{% endfor %}{% endfor %}",
+            "more than",
+        ),
         ("x" * 70_000, "at most"),
     ],
 )
