@@ -70,13 +70,13 @@ def prompt_logprobs(engine) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    ("kernels", "dtype", "quantization", "activations", "weights", "layout"),
+    ("kernels", "dtype", "quantization", "activations", "kv", "weights", "layout"),
     [
-        ("native", "bfloat16", None, torch.float32, torch.bfloat16, WeightLayout.NATIVE),
-        ("native", "float32", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
-        ("native", "bfloat16", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
-        ("torch", "bfloat16", None, torch.bfloat16, None, None),
-        ("torch", "bfloat16", "int8", torch.bfloat16, torch.int8, WeightLayout.INT8),
+        ("native", "bfloat16", None, torch.float32, torch.bfloat16, torch.bfloat16, WeightLayout.NATIVE),
+        ("native", "float32", "int8", torch.float32, torch.float32, torch.int8, WeightLayout.NATIVE),
+        ("native", "bfloat16", "int8", torch.float32, torch.bfloat16, torch.int8, WeightLayout.NATIVE),
+        ("torch", "bfloat16", None, torch.bfloat16, torch.bfloat16, None, None),
+        ("torch", "bfloat16", "int8", torch.bfloat16, torch.bfloat16, torch.int8, WeightLayout.INT8),
     ],
 )
 def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
@@ -85,6 +85,7 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     dtype: str,
     quantization: str | None,
     activations: torch.dtype,
+    kv: torch.dtype,
     weights: torch.dtype | None,
     layout: WeightLayout | None,
     request: pytest.FixtureRequest,
@@ -93,7 +94,9 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
         request.getfixturevalue("native_built")
     reference = prompt_logprobs(make_engine(tiny_llama, kernels=kernels))
     engine = make_engine(tiny_llama, kernels=kernels, dtype=dtype, quantization=quantization)
-    assert engine.pool.storage.dtype == activations  # K/V and adapters
+    assert engine.pool.storage.dtype == activations  # adapters
+    assert engine.pool.kv_storage.dtype == kv
+    assert engine.pool.kv_storage.data_ptr() == engine.pool.storage.data_ptr()  # the same pages
     assert engine.model.weights.embed.dtype == activations
     qkv = engine.model.weights.layers[0].qkv
     if weights is not None:
@@ -101,6 +104,8 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     stats = engine.stats()
     assert stats.weight_format == (quantization or dtype)
     assert stats.activation_dtype == str(activations).removeprefix("torch.")
+    assert stats.kv_dtype == str(kv).removeprefix("torch.")
+    assert f"{str(kv).removeprefix('torch.')} K/V" in stats.precision_reason
     assert f"{quantization or dtype} weights" in stats.precision_reason
     got = prompt_logprobs(engine)
     assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= LOGPROB_TOLERANCE
