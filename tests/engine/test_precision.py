@@ -15,6 +15,7 @@ from kernels import native_cpu
 from kernels.backend import KernelBackend
 from kernels.linear import WeightLayout
 from tests.engine.conftest import make_engine
+from tests.engine.lora_helpers import make_peft_adapter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]
 LOGPROB_TOLERANCE = 0.25  # |logprob - fp32's| on the tiny random model; the real bounds: bench_quality
@@ -109,3 +110,27 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     assert f"{quantization or dtype} weights" in stats.precision_reason
     got = prompt_logprobs(engine)
     assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= LOGPROB_TOLERANCE
+
+
+def test_native_bf16_kv_doubles_the_pool_and_serves_adapters_beside_it(
+    tiny_llama: Path, native_built: None, tmp_path: Path
+) -> None:
+    """bf16 K/V on the native kernels: twice the pages in the same bytes, and an adapter's fp32 rows in the
+    same pool as a running batch's bf16 K/V, scoring close to the float32 engine with and without it."""
+    adapter = make_peft_adapter(tiny_llama, tmp_path / "adapter", seed=5, r=8, target_modules="all-linear")
+    engines = {dtype: make_engine(tiny_llama, kernels="native", dtype=dtype) for dtype in ("float32", "bfloat16")}
+    fp32, bf16 = engines["float32"], engines["bfloat16"]
+    assert bf16.pool.num_pages == 2 * fp32.pool.num_pages  # the same pool_bytes
+    assert bf16.stats().page_bytes * 2 == fp32.stats().page_bytes
+    scores = {}
+    for dtype, engine in engines.items():
+        engine.add_adapter("a", adapter)
+        params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+        outputs = engine.generate(PROMPTS * 2, params, adapters=[None, None, "a", "a"])
+        scores[dtype] = [p.logprob for output in outputs for p in output.prompt_logprobs[1:]]
+    owners = bf16.pool.stats().pages_by_owner
+    assert owners["adapter"] > 0  # still resident beside the K/V the batch wrote
+    half = len(scores["float32"]) // 2
+    assert scores["float32"][:half] != scores["float32"][half:]  # the adapter changes the scores
+    diffs = [abs(a - b) for a, b in zip(scores["bfloat16"], scores["float32"], strict=True)]
+    assert max(diffs) <= LOGPROB_TOLERANCE
