@@ -37,7 +37,7 @@ class EngineConfig:
     dtype: str = "auto"
     """The model's precision: "float32", "bfloat16", "float16" or "auto" (bf16 on CUDA; on CPU bf16 where the
     CPU computes it natively, AVX512-BF16 or AMX, else fp32). On the native CPU kernels bf16 is the
-    projections' weight format and activations stay fp32 (engine/precision.py)."""
+    projections' weight format and the K/V's in the pool, and activations stay fp32 (engine/precision.py)."""
     quantization: str | None = None
     """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
     pool_bytes: int | None = None
