@@ -37,7 +37,7 @@ class EngineConfig:
     dtype: str = "auto"
     """The model's precision: "float32", "bfloat16", "float16" or "auto" (bf16 on CUDA; on CPU bf16 where the
     CPU computes it natively, AVX512-BF16 or AMX, else fp32). On the native CPU kernels bf16 is the
-    projections' weight format and activations stay fp32 (engine/precision.py)."""
+    projections' weight format and the K/V's in the pool, and activations stay fp32 (engine/precision.py)."""
     quantization: str | None = None
     """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
     pool_bytes: int | None = None
@@ -225,8 +225,10 @@ class ModelConfig:
         """P: elements of one page in one layer, a KV block of ``block_size`` tokens."""
         return block_size * 2 * self.num_kv_heads * self.head_dim
 
-    def pick_block_size(self) -> int:
+    def pick_block_size(self, kv_elems_per_adapter_elem: int = 1) -> int:
+        """The smallest block size (from MIN_BLOCK_SIZE, doubling) whose page holds the widest adapter row;
+        ``kv_elems_per_adapter_elem`` K/V elements fit in one adapter element (2 for bf16 K/V, fp32 adapters)."""
         block_size = MIN_BLOCK_SIZE
-        while self.page_elems(block_size) < self.widest_row:
+        while self.page_elems(block_size) < self.widest_row * kv_elems_per_adapter_elem:
             block_size *= 2
         return block_size

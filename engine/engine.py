@@ -66,7 +66,9 @@ class Engine:
         weights = load_weights(folder, self.model_config, self.precision, self.device, self.kernels)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
-        self.pool = make_pool(config, self.model_config, self.precision.activation_dtype, self.device)
+        self.pool = make_pool(
+            config, self.model_config, self.precision.activation_dtype, self.device, self.precision.kv_dtype
+        )
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
         self.speculator = (
@@ -425,6 +427,7 @@ class Engine:
             max_adapters=self.adapters.capacity(),
             dtype=dtype_name(self.precision.dtype),
             activation_dtype=dtype_name(self.precision.activation_dtype),
+            kv_dtype=dtype_name(self.precision.kv_dtype),
             weight_format=self.precision.weight_format,
             precision_reason=self.precision.reason,
             num_proposed_tokens=dict(self.speculator.stats.num_proposed) if self.speculator else {},

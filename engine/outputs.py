@@ -155,7 +155,10 @@ class EngineStats:
     """The model's dtype ("auto" resolved)."""
 
     activation_dtype: str = "float32"
-    """The dtype of activations, K/V and adapters in the pool."""
+    """The dtype of activations and of adapters in the pool."""
+
+    kv_dtype: str = "float32"
+    """The dtype of K/V in the pool (bf16 on the native CPU kernels in bf16 mode)."""
 
     weight_format: str = "float32"
     """The projections' weights: "float32", "bfloat16" or "int8"."""

@@ -32,12 +32,13 @@ def write_kv(
     Args:
         storage: the page pool [num_pages, num_layers, P] with P = block_size * 2 * kv_heads * head_dim.
         layer: the layer whose K/V are written.
-        k, v: [num_tokens, num_kv_heads, head_dim], same dtype as storage.
+        k, v: [num_tokens, num_kv_heads, head_dim]; rounded to the storage's dtype (to nearest even) when
+            it is narrower (fp32 activations into a bf16 pool).
         row_index: [num_tokens] int64 from :func:`kv_row_index` for this step.
     """
     num_tokens, num_kv_heads, head_dim = k.shape
     block_size = storage.shape[2] // (2 * num_kv_heads * head_dim)
     rows = storage.view(-1, num_kv_heads * head_dim)  # [num_pages * num_layers * 2 * block_size, kv_heads * D]
     k_rows = row_index + layer * 2 * block_size  # [num_tokens]
-    rows.index_copy_(0, k_rows, k.reshape(num_tokens, -1))
-    rows.index_copy_(0, k_rows + block_size, v.reshape(num_tokens, -1))
+    rows.index_copy_(0, k_rows, k.reshape(num_tokens, -1).to(rows.dtype))
+    rows.index_copy_(0, k_rows + block_size, v.reshape(num_tokens, -1).to(rows.dtype))

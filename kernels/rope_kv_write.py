@@ -55,11 +55,13 @@ def rope_kv_write(
             v heads (the fused projection's output). q and k are rotated in place.
         cos, signed_sin: [num_tokens, head_dim], contiguous; each token's row of the tables
             (``cos = [cos, cos]``, ``signed_sin = [-sin, sin]`` at its position; engine/rope.py).
-        storage: the page pool [num_pages, num_layers, P], P = block_size * 2 * num_kv_heads * head_dim.
+        storage: the page pool's K/V [num_pages, num_layers, P], P = block_size * 2 * num_kv_heads * head_dim,
+            in qkv's dtype or bfloat16 (then k and v are rounded to nearest even as they are written).
         layer: the layer whose K/V are written.
         kv_rows: [num_tokens] int64 from :func:`kernels.kv_write.kv_row_index` (each token's slot).
         num_heads, num_kv_heads: the heads in ``qkv``.
-        backend: NATIVE runs the C++ op (float32 CPU); TORCH and TRITON (no Triton kernel here) the torch ops.
+        backend: NATIVE runs the C++ op (float32 qkv, float32 or bfloat16 storage, CPU); TORCH and TRITON (no
+            Triton kernel here) the torch ops.
 
     Semantics:
         half = head_dim // 2

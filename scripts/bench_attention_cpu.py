@@ -14,7 +14,13 @@ as the model does). The torch path gets the decode buckets planned once per step
 them. Both paths run in alternating rounds on the same inputs; medians of the rounds are reported. The
 host is shared, so single rounds are noisy.
 
+``--kv`` compares the native op on float32 K/V pages with the same op on bfloat16 pages (bf16 mode's
+pool): a decode step of KV_ROWS rows at each context length of KV_CONTEXTS, both pools holding the same
+values (the fp32 pool rounded), alternated round by round; each length reports both medians, the
+speedup and the largest difference of the outputs.
+
     python scripts/bench_attention_cpu.py --json     # last line: one JSON object
+    python scripts/bench_attention_cpu.py --kv --json
 """
 
 import argparse
@@ -40,6 +46,8 @@ BLOCK_SIZE = 16
 DECODE_ROWS = 64
 PREFILL_ROWS = 512
 LONG_CONTEXT = 3072
+KV_ROWS = 16  # decode rows of the --kv steps: 16 x 2048 tokens x 30 layers is 1.5 GB of fp32 K/V
+KV_CONTEXTS = (256, 1024, 2048)
 
 
 def make_step(
@@ -97,14 +105,20 @@ def long_prefill_seqs(rng: random.Random) -> list[tuple[int, int]]:
 SEQS = {"decode": decode_seqs, "prefill": prefill_seqs, "long_prefill": long_prefill_seqs}
 
 
-def step_ms(q: torch.Tensor, storage: torch.Tensor, meta: PagedAttentionMetadata, backend: KernelBackend) -> float:
-    """One step: an attention call per layer, each reading its own layer of the pool."""
+def step_ms(
+    q: torch.Tensor,
+    storage: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    backend: KernelBackend,
+    clock=time.perf_counter,
+) -> float:
+    """One step: an attention call per layer, each reading its own layer of the pool; ms on ``clock``."""
     num_pages = storage.shape[0]
-    start = time.perf_counter()
+    start = clock()
     for layer in range(NUM_LAYERS):
         kv = storage[:, layer].view(num_pages, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)  # [pages, 2, bs, kvh, D]
         paged_attention(q, kv, meta, HEAD_DIM**-0.5, backend)
-    return (time.perf_counter() - start) * 1e3
+    return (clock() - start) * 1e3
 
 
 def measure(kind: str, rounds: int, seed: int) -> dict[str, float]:
@@ -134,16 +148,60 @@ def measure(kind: str, rounds: int, seed: int) -> dict[str, float]:
     }
 
 
+def measure_kv(context: int, rounds: int, seed: int) -> dict[str, float]:
+    """A decode step of KV_ROWS rows of ``context`` tokens on fp32 pages and on bf16 pages, alternated: wall
+    time, and the process's CPU time (steadier where other work shares the cores)."""
+    rng = random.Random(seed)
+    q, storage, meta = make_step([(1, context)] * KV_ROWS, rng)
+    pools = {"fp32": storage.to(torch.bfloat16).float(), "bf16": storage.to(torch.bfloat16)}  # the same values
+    del storage
+    times: dict[str, list[float]] = {name: [] for name in pools}
+    cpu_times: dict[str, list[float]] = {name: [] for name in pools}
+    for pool in pools.values():  # warm-up
+        step_ms(q, pool, meta, KernelBackend.NATIVE)
+    for _ in range(rounds):
+        for name, pool in pools.items():
+            times[name].append(step_ms(q, pool, meta, KernelBackend.NATIVE))
+            cpu_times[name].append(step_ms(q, pool, meta, KernelBackend.NATIVE, time.process_time))
+    outputs = {}
+    for name, pool in pools.items():
+        kv = pool[:, 0].view(pool.shape[0], 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)  # layer 0
+        outputs[name] = paged_attention(q, kv, meta, HEAD_DIM**-0.5, KernelBackend.NATIVE)
+    fp32_ms, bf16_ms = statistics.median(times["fp32"]), statistics.median(times["bf16"])
+    return {
+        "rows": KV_ROWS,
+        "context": context,
+        "fp32_kv_ms": round(fp32_ms, 2),
+        "bf16_kv_ms": round(bf16_ms, 2),
+        "speedup": round(fp32_ms / bf16_ms, 2),
+        "fp32_kv_cpu_ms": round(statistics.median(cpu_times["fp32"]), 2),
+        "bf16_kv_cpu_ms": round(statistics.median(cpu_times["bf16"]), 2),
+        "cpu_speedup": round(statistics.median(cpu_times["fp32"]) / statistics.median(cpu_times["bf16"]), 2),
+        "max_abs_diff": float((outputs["fp32"] - outputs["bf16"]).abs().max()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15, help="alternating rounds of each path")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument("--kv", action="store_true", help="the native op on fp32 against bf16 K/V pages, decode")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if native_ops() is None:
         sys.stderr.write(f"the native kernels are unavailable: {unavailable_reason()}\n")
         return 1
     results = {"threads": torch.get_num_threads(), "rounds": args.rounds}
+    if args.kv:
+        for context in KV_CONTEXTS:
+            results[f"decode_{context}"] = entry = measure_kv(context, args.rounds, args.seed)
+            sys.stdout.write(f"decode step (30 layers): {', '.join(f'{k} {v}' for k, v in entry.items())}\n")
+        if args.json:
+            sys.stdout.write(json.dumps(results) + "\n")
+        return 0
     for kind in SEQS:
         results[kind] = measure(kind, args.rounds, args.seed)
         line = ", ".join(f"{k} {v}" for k, v in results[kind].items())

@@ -10,6 +10,8 @@ The checks, in order:
   engine does not use here is one skipped line per op, with the reason;
 - on CPU, a projection on bf16 and on int8 weights as the engine would prepare them, against float32
   weights, within the stated tolerance of the weights' rounding;
+- on the native CPU kernels, attention over bf16 K/V pages and the K/V write into them (what bf16 mode
+  stores), against both on float32 pages, within the stated tolerance of the K/V's rounding;
 - a short greedy generate with the configured model (LORAPLEX_MODEL), timed. The default model is never
   downloaded here: when it was not pulled yet the line says how to get it.
 
@@ -40,7 +42,14 @@ from engine.errors import ConfigError
 from engine.precision import dtype_name
 from kernels.backend import KernelBackend
 from kernels.native_cpu import unavailable_reason
-from kernels.op_checks import OPS, WEIGHT_FORMAT_TOLERANCES, run_op_check, run_weight_format_check
+from kernels.op_checks import (
+    KV_FORMAT_TOLERANCES,
+    OPS,
+    WEIGHT_FORMAT_TOLERANCES,
+    run_kv_format_check,
+    run_op_check,
+    run_weight_format_check,
+)
 
 GENERATE_PROMPT = "The three primary colours are"
 GENERATE_TOKENS = 32
@@ -80,6 +89,7 @@ def run_doctor(settings: Settings) -> list[CheckResult]:
         check_precision(config, device, backend),
         *check_native_ops(device, backend),
         *check_weight_formats(device, backend),
+        *check_kv_formats(device, backend),
         *check_cuda_ops(device, dtype, backend),
         model_problem or check_generate(config, model, device, dtype, backend),
     ]
@@ -166,6 +176,7 @@ def check_precision(config: EngineConfig, device: torch.device, backend: KernelB
     values = {
         "dtype": dtype_name(precision.dtype),
         "activation_dtype": dtype_name(precision.activation_dtype),
+        "kv_dtype": dtype_name(precision.kv_dtype),
         "weight_format": precision.weight_format,
     }
     return CheckResult("precision", Status.PASS, precision.reason, values)
@@ -192,6 +203,32 @@ def check_weight_formats(device: torch.device, backend: KernelBackend | None) ->
                 Status.PASS if check.passed else Status.FAIL,
                 f"linear on {name} weights, {dtype_name(activations)} activations ({backend.value}): max error "
                 f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})",
+                {"max_error": check.max_error, "tolerance": check.tolerance},
+            )
+        )
+    return results
+
+
+def check_kv_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
+    """Attention and the K/V write on bf16 K/V pages, as the native CPU kernels run them, against float32 pages."""
+    formats = tuple(KV_FORMAT_TOLERANCES)
+    if device.type != "cpu" or backend is not KernelBackend.NATIVE:
+        reason = "bf16 K/V beside float32 activations is the native kernels' mode; elsewhere K/V are the model's dtype"
+        return [CheckResult(f"kv {name}", Status.SKIP, reason) for name in formats]
+    results = []
+    for name in formats:
+        label = f"kv {name}"
+        try:
+            check = run_kv_format_check(name, backend)
+        except Exception as error:  # an op that raises here is a failed check, not a crash
+            results.append(CheckResult(label, Status.FAIL, f"{type(error).__name__}: {error}"))
+            continue
+        results.append(
+            CheckResult(
+                label,
+                Status.PASS if check.passed else Status.FAIL,
+                f"attention and the K/V write on {name} K/V ({backend.value}): max error {check.max_error:.1e} "
+                f"against float32 K/V (tolerance {check.tolerance:.0e})",
                 {"max_error": check.max_error, "tolerance": check.tolerance},
             )
         )

@@ -1,5 +1,7 @@
 // What the paged attention's two inner paths share (kernels/csrc/paged_attention.cpp includes them):
-// the problem, the work items, per-thread scratch, and how a block of keys is found and prefetched.
+// the problem, the work items, per-thread scratch, and how a block of keys is found and prefetched. The
+// pool's K/V are fp32 or bf16 (KV, a template argument of the paths); a block's rows are widened to fp32
+// as they are gathered into scratch, so scores, softmax and accumulation are fp32 either way.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,7 +10,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "vec_wide.h"
+#include "bf16.h"
 
 namespace loraplex::attention {
 
@@ -27,10 +29,10 @@ struct Problem {
   const float* q;
   int64_t q_token_stride;
   int64_t q_head_stride;
-  const float* kv;  // the layer's view of the pool: page p's K at kv + p * page_stride
+  const void* kv;  // the layer's view of the pool (fp32 or bf16): page p's K at kv + p * page_stride elements
   int64_t page_stride;
-  int64_t v_offset;  // V of a page starts this many floats after its K
-  int64_t slot_stride;  // floats between consecutive tokens of a page
+  int64_t v_offset;  // V of a page starts this many elements after its K
+  int64_t slot_stride;  // elements between consecutive tokens of a page
   int block_size;
   int group;
   int num_heads;
@@ -71,17 +73,18 @@ struct HeadBlock {
 
 // The K rows of keys j0 .. j0 + kKeys - 1 (at their page's slot; V is v_offset further). Keys past
 // last_key repeat it, so every pointer is valid memory; the queries mask those lanes out.
-template <int kKeys>
-inline void key_rows(const Problem& pb, const int32_t* table, int j0, int last_key, const float** rows) {
+template <int kKeys, typename KV>
+inline void key_rows(const Problem& pb, const int32_t* table, int j0, int last_key, const KV** rows) {
+  const KV* kv = static_cast<const KV*>(pb.kv);
   int block = j0 / pb.block_size;
   int slot = j0 % pb.block_size;
-  const float* page = pb.kv + table[block] * pb.page_stride;
+  const KV* page = kv + table[block] * pb.page_stride;
   for (int n = 0; n < kKeys; ++n) {
     rows[n] = page + slot * pb.slot_stride;
     if (j0 + n + 1 > last_key) continue;  // keep repeating the last key
     if (++slot == pb.block_size) {
       slot = 0;
-      page = pb.kv + table[++block] * pb.page_stride;
+      page = kv + table[++block] * pb.page_stride;
     }
   }
 }
@@ -89,10 +92,11 @@ inline void key_rows(const Problem& pb, const int32_t* table, int j0, int last_k
 // Prefetch into the outer caches (prefetcht2): measured on the EPYC, one block ahead, this cut a decode
 // step's attention by a third, while prefetcht0 (into L1) stalled on the L1's miss buffers and was slower
 // than no prefetch at all; two or three blocks ahead was slower than one.
-inline void prefetch_floats(const float* p, int64_t num_floats) {
-  constexpr int kLineFloats = 16;  // 64-byte cache lines
+inline void prefetch_bytes(const void* p, int64_t num_bytes) {
+  constexpr int kLineBytes = 64;
   constexpr int kLocality = 1;  // prefetcht2
-  for (int64_t i = 0; i < num_floats; i += kLineFloats) __builtin_prefetch(p + i, 0, kLocality);
+  const char* bytes = static_cast<const char*>(p);
+  for (int64_t i = 0; i < num_bytes; i += kLineBytes) __builtin_prefetch(bytes + i, 0, kLocality);
 }
 
 inline void scale_row(float* row, float factor, int head_dim) { scale_copy(row, row, factor, head_dim); }

@@ -49,15 +49,15 @@ struct RowPath {
     }
   }
 
-  // Copies the block's rows of one kv head into contiguous scratch (one base address for the loops).
-  template <int kHeadDim>
-  static void gather(const float* const* rows, int64_t offset, float* dst, int head_dim) {
+  // Copies the block's rows of one kv head into contiguous fp32 scratch (one base address for the loops).
+  template <int kHeadDim, typename KV>
+  static void gather(const KV* const* rows, int64_t offset, float* dst, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    for (int n = 0; n < 8; ++n) copy_floats(dst + n * dim, rows[n] + offset, dim);
+    for (int n = 0; n < 8; ++n) load_row(dst + n * dim, rows[n] + offset, dim);
   }
 
-  template <int kHeadDim>
-  static void run(const Problem& pb, const Scratch& scratch, const float* const* k_rows, const HeadBlock& blk) {
+  template <int kHeadDim, typename KV>
+  static void run(const Problem& pb, const Scratch& scratch, const KV* const* k_rows, const HeadBlock& blk) {
     const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
     gather<kHeadDim>(k_rows, blk.head_offset, scratch.keys, head_dim);
     gather<kHeadDim>(k_rows, blk.head_offset + pb.v_offset, scratch.values, head_dim);

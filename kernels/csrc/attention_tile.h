@@ -21,20 +21,20 @@ struct TilePath {
   // loads + 1 broadcast take 11 of AVX2's 16 registers; 8 x 1 on AVX-512 take 10 of its 32.
   static constexpr int kVectorsPerTile = 8 / kParts;
 
-  // keys_t[d * 16 + n] = K[n][d] of one kv head
-  template <int kHeadDim>
-  static void gather_transposed(const float* const* rows, int64_t offset, float* keys_t, int head_dim) {
+  // keys_t[d * 16 + n] = K[n][d] of one kv head, in fp32
+  template <int kHeadDim, typename KV>
+  static void gather_transposed(const KV* const* rows, int64_t offset, float* keys_t, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
     for (int n = 0; n < kKeys; ++n) {
-      const float* src = rows[n] + offset;
-      for (int d = 0; d < dim; ++d) keys_t[d * kKeys + n] = src[d];
+      const KV* src = rows[n] + offset;
+      for (int d = 0; d < dim; ++d) keys_t[d * kKeys + n] = static_cast<float>(src[d]);
     }
   }
 
-  template <int kHeadDim>
-  static void gather(const float* const* rows, int64_t offset, float* dst, int head_dim) {
+  template <int kHeadDim, typename KV>
+  static void gather(const KV* const* rows, int64_t offset, float* dst, int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    for (int n = 0; n < kKeys; ++n) copy_floats(dst + n * dim, rows[n] + offset, dim);
+    for (int n = 0; n < kKeys; ++n) load_row(dst + n * dim, rows[n] + offset, dim);
   }
 
   // scores[i, 0:16] = q[i] . K^T for kCount consecutive query vectors
@@ -114,8 +114,8 @@ struct TilePath {
     }
   }
 
-  template <int kHeadDim>
-  static void run(const Problem& pb, const Scratch& scratch, const float* const* k_rows, const HeadBlock& blk) {
+  template <int kHeadDim, typename KV>
+  static void run(const Problem& pb, const Scratch& scratch, const KV* const* k_rows, const HeadBlock& blk) {
     const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
     gather_transposed<kHeadDim>(k_rows, blk.head_offset, scratch.keys, head_dim);
     gather<kHeadDim>(k_rows, blk.head_offset + pb.v_offset, scratch.values, head_dim);

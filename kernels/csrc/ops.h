@@ -1,4 +1,4 @@
-// The native CPU ops, fp32 (the projections' weights also bf16 or int8). Each is defined in its own file and registered in registration.cpp as
+// The native CPU ops, fp32 (the projections' weights also bf16 or int8, the pool's K/V also bf16). Each is defined in its own file and registered in registration.cpp as
 // torch.ops.loraplex.<name>; the Python functions in kernels/ hold each op's Semantics docstring.
 #pragma once
 
@@ -8,7 +8,8 @@
 
 namespace loraplex {
 
-// out[T, H, D]: causal attention of each query row over its sequence's pages (kernels/paged_attention.py).
+// out[T, H, D]: causal attention of each query row over its sequence's fp32 or bf16 pages
+// (kernels/paged_attention.py).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale);
 

@@ -1,11 +1,11 @@
 // RoPE on the fused qkv output, in place, and the K/V write into the page pool
 // (semantics: kernels/rope_kv_write.py::rope_kv_write). One pass per token: its q and k heads are
-// rotated (Hugging Face's rotate-half layout) and its rotated k and its v rows copied to their slot.
+// rotated (Hugging Face's rotate-half layout) and its rotated k and its v rows copied to their slot, or
+// rounded to bf16 (to nearest even) when the pool's K/V are bf16.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
-#include <cstring>
-
+#include "bf16.h"
 #include "ops.h"
 
 namespace loraplex {
@@ -34,6 +34,25 @@ void check_table(const at::Tensor& t, const char* name, int64_t num_tokens, int6
                     head_dim, "]");
 }
 
+// Rotates every token's q and k heads and writes its k and v rows into the pool of element type KV.
+template <typename KV>
+void rotate_and_write(float* qkv_ptr, int64_t qkv_stride, const float* cos_ptr, const float* sin_ptr, KV* pool,
+                      const int64_t* rows, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, int64_t block_size, int64_t layer_offset) {
+  const int64_t kv_width = num_kv_heads * head_dim;
+  at::parallel_for(0, num_tokens, kMinTokensPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = qkv_ptr + t * qkv_stride;  // q heads, k heads, v heads
+      const float* c = cos_ptr + t * head_dim;
+      const float* s = sin_ptr + t * head_dim;
+      for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rotate_head(row + h * head_dim, c, s, head_dim);
+      KV* k_dst = pool + (rows[t] + layer_offset) * kv_width;
+      store_row(k_dst, row + num_heads * head_dim, kv_width);
+      store_row(k_dst + block_size * kv_width, row + (num_heads + num_kv_heads) * head_dim, kv_width);
+    }
+  });
+}
+
 }  // namespace
 
 void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
@@ -52,10 +71,12 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   TORCH_CHECK_VALUE(head_dim % 2 == 0, "rope_kv_write: head_dim must be even, got ", head_dim);
   check_table(cos, "cos", num_tokens, head_dim);
   check_table(signed_sin, "signed_sin", num_tokens, head_dim);
-  TORCH_CHECK_VALUE(storage.dim() == 3 && storage.is_contiguous() && storage.scalar_type() == at::kFloat &&
-                        storage.device().is_cpu(),
-                    "rope_kv_write: storage must be the contiguous float32 CPU pool [num_pages, num_layers, P]");
-  const int64_t kv_width = num_kv_heads * head_dim;  // floats of one token's K (or V) in a page
+  const bool bf16_pool = storage.scalar_type() == at::kBFloat16;
+  TORCH_CHECK_VALUE(storage.dim() == 3 && storage.is_contiguous() &&
+                        (bf16_pool || storage.scalar_type() == at::kFloat) && storage.device().is_cpu(),
+                    "rope_kv_write: storage must be the contiguous float32 or bfloat16 CPU pool "
+                    "[num_pages, num_layers, P]");
+  const int64_t kv_width = num_kv_heads * head_dim;  // elements of one token's K (or V) in a page
   TORCH_CHECK_VALUE(storage.size(2) % (2 * kv_width) == 0, "rope_kv_write: page size ", storage.size(2),
                     " is not block_size x 2 x ", kv_width);
   const int64_t block_size = storage.size(2) / (2 * kv_width);
@@ -73,22 +94,15 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   }
 
   float* qkv_ptr = qkv.data_ptr<float>();
-  const int64_t qkv_stride = qkv.stride(0);
   const float* cos_ptr = cos.data_ptr<float>();
   const float* sin_ptr = signed_sin.data_ptr<float>();
-  float* pool = storage.data_ptr<float>();
-  at::parallel_for(0, num_tokens, kMinTokensPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float* row = qkv_ptr + t * qkv_stride;  // q heads, k heads, v heads
-      const float* c = cos_ptr + t * head_dim;
-      const float* s = sin_ptr + t * head_dim;
-      for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rotate_head(row + h * head_dim, c, s, head_dim);
-      float* k_dst = pool + (rows[t] + layer_offset) * kv_width;
-      std::memcpy(k_dst, row + num_heads * head_dim, kv_width * sizeof(float));
-      std::memcpy(k_dst + block_size * kv_width, row + (num_heads + num_kv_heads) * head_dim,
-                  kv_width * sizeof(float));
-    }
-  });
+  if (bf16_pool) {
+    rotate_and_write(qkv_ptr, qkv.stride(0), cos_ptr, sin_ptr, storage.data_ptr<c10::BFloat16>(), rows, num_tokens,
+                     num_heads, num_kv_heads, head_dim, block_size, layer_offset);
+  } else {
+    rotate_and_write(qkv_ptr, qkv.stride(0), cos_ptr, sin_ptr, storage.data_ptr<float>(), rows, num_tokens,
+                     num_heads, num_kv_heads, head_dim, block_size, layer_offset);
+  }
 }
 
 }  // namespace loraplex

@@ -21,6 +21,7 @@ from tests.native_required import native_should_build, require_native_ops
 
 OPS = ("paged_attention", "sgmv_fused", "add_rms_norm", "rope_kv_write", "silu_mul", "linear", "argmax_rows")
 WEIGHT_FORMATS = ("bfloat16", "int8")
+KV_FORMATS = ("bfloat16",)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +80,11 @@ def test_cpu_path_report(tmp_path: Path, tiny_model: Path, native_builds: bool) 
     for weight_format in WEIGHT_FORMATS:
         status, detail = rows[f"weights {weight_format}"]
         assert status == "ok" and "against float32 weights" in detail, detail
-    num_ok = 2 + 1 + 1 + len(WEIGHT_FORMATS) + (len(OPS) if native_builds else 0)
-    num_checks = 4 + 2 * len(OPS) + len(WEIGHT_FORMATS)
+    for kv_format in KV_FORMATS:
+        status, detail = rows[f"kv {kv_format}"]
+        assert (status == "ok" and "against float32 K/V" in detail) if native_builds else status == "skip", detail
+    num_ok = 2 + 1 + 1 + len(WEIGHT_FORMATS) + ((len(OPS) + len(KV_FORMATS)) if native_builds else 0)
+    num_checks = 4 + 2 * len(OPS) + len(WEIGHT_FORMATS) + len(KV_FORMATS)
     assert result.stdout.splitlines()[-1] == f"{num_ok} passed, 0 failed, {num_checks - num_ok} skipped"
 
 
@@ -96,6 +100,7 @@ def test_json_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> N
         "precision",
         *(f"native {op}" for op in OPS),
         *(f"weights {name}" for name in WEIGHT_FORMATS),
+        *(f"kv {name}" for name in KV_FORMATS),
         *(f"cuda {op}" for op in OPS),
         "generate",
     ]
@@ -202,3 +207,16 @@ def test_half_precision_tolerances_leave_room_for_the_dtypes_rounding(dtype: tor
             assert check.max_error == 0, check
         else:
             assert 0 < check.max_error < check.tolerance / 5, check
+
+
+def test_kv_check_measures_the_rounding_and_catches_a_wrong_write(
+    native_builds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 K/V against float32 K/V errs by the rounding alone, well inside the tolerance; an attention off
+    by 1 % fails it."""
+    if not native_builds:
+        pytest.skip(f"the native kernels are not built here: {unavailable_reason()}")
+    check = op_checks.run_kv_format_check("bfloat16", KernelBackend.NATIVE)
+    assert check.passed and 1e-3 < check.max_error < check.tolerance, check
+    monkeypatch.setattr(op_checks, "paged_attention", PERTURBED["paged_attention"](op_checks.paged_attention))
+    assert not op_checks.run_kv_format_check("bfloat16", KernelBackend.NATIVE).passed

@@ -15,6 +15,7 @@ from kernels import native_cpu
 from kernels.backend import KernelBackend
 from kernels.linear import WeightLayout
 from tests.engine.conftest import make_engine
+from tests.engine.lora_helpers import make_peft_adapter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]
 LOGPROB_TOLERANCE = 0.25  # |logprob - fp32's| on the tiny random model; the real bounds: bench_quality
@@ -70,13 +71,13 @@ def prompt_logprobs(engine) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    ("kernels", "dtype", "quantization", "activations", "weights", "layout"),
+    ("kernels", "dtype", "quantization", "activations", "kv", "weights", "layout"),
     [
-        ("native", "bfloat16", None, torch.float32, torch.bfloat16, WeightLayout.NATIVE),
-        ("native", "float32", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
-        ("native", "bfloat16", "int8", torch.float32, torch.int8, WeightLayout.NATIVE),
-        ("torch", "bfloat16", None, torch.bfloat16, None, None),
-        ("torch", "bfloat16", "int8", torch.bfloat16, torch.int8, WeightLayout.INT8),
+        ("native", "bfloat16", None, torch.float32, torch.bfloat16, torch.bfloat16, WeightLayout.NATIVE),
+        ("native", "float32", "int8", torch.float32, torch.float32, torch.int8, WeightLayout.NATIVE),
+        ("native", "bfloat16", "int8", torch.float32, torch.bfloat16, torch.int8, WeightLayout.NATIVE),
+        ("torch", "bfloat16", None, torch.bfloat16, torch.bfloat16, None, None),
+        ("torch", "bfloat16", "int8", torch.bfloat16, torch.bfloat16, torch.int8, WeightLayout.INT8),
     ],
 )
 def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
@@ -85,6 +86,7 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     dtype: str,
     quantization: str | None,
     activations: torch.dtype,
+    kv: torch.dtype,
     weights: torch.dtype | None,
     layout: WeightLayout | None,
     request: pytest.FixtureRequest,
@@ -93,7 +95,9 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
         request.getfixturevalue("native_built")
     reference = prompt_logprobs(make_engine(tiny_llama, kernels=kernels))
     engine = make_engine(tiny_llama, kernels=kernels, dtype=dtype, quantization=quantization)
-    assert engine.pool.storage.dtype == activations  # K/V and adapters
+    assert engine.pool.storage.dtype == activations  # adapters
+    assert engine.pool.kv_storage.dtype == kv
+    assert engine.pool.kv_storage.data_ptr() == engine.pool.storage.data_ptr()  # the same pages
     assert engine.model.weights.embed.dtype == activations
     qkv = engine.model.weights.layers[0].qkv
     if weights is not None:
@@ -101,6 +105,32 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     stats = engine.stats()
     assert stats.weight_format == (quantization or dtype)
     assert stats.activation_dtype == str(activations).removeprefix("torch.")
+    assert stats.kv_dtype == str(kv).removeprefix("torch.")
+    assert f"{str(kv).removeprefix('torch.')} K/V" in stats.precision_reason
     assert f"{quantization or dtype} weights" in stats.precision_reason
     got = prompt_logprobs(engine)
     assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= LOGPROB_TOLERANCE
+
+
+def test_native_bf16_kv_doubles_the_pool_and_serves_adapters_beside_it(
+    tiny_llama: Path, native_built: None, tmp_path: Path
+) -> None:
+    """bf16 K/V on the native kernels: twice the pages in the same bytes, and an adapter's fp32 rows in the
+    same pool as a running batch's bf16 K/V, scoring close to the float32 engine with and without it."""
+    adapter = make_peft_adapter(tiny_llama, tmp_path / "adapter", seed=5, r=8, target_modules="all-linear")
+    engines = {dtype: make_engine(tiny_llama, kernels="native", dtype=dtype) for dtype in ("float32", "bfloat16")}
+    fp32, bf16 = engines["float32"], engines["bfloat16"]
+    assert bf16.pool.num_pages == 2 * fp32.pool.num_pages  # the same pool_bytes
+    assert bf16.stats().page_bytes * 2 == fp32.stats().page_bytes
+    scores = {}
+    for dtype, engine in engines.items():
+        engine.add_adapter("a", adapter)
+        params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+        outputs = engine.generate(PROMPTS * 2, params, adapters=[None, None, "a", "a"])
+        scores[dtype] = [p.logprob for output in outputs for p in output.prompt_logprobs[1:]]
+    owners = bf16.pool.stats().pages_by_owner
+    assert owners["adapter"] > 0  # still resident beside the K/V the batch wrote
+    half = len(scores["float32"]) // 2
+    assert scores["float32"][:half] != scores["float32"][half:]  # the adapter changes the scores
+    diffs = [abs(a - b) for a, b in zip(scores["bfloat16"], scores["float32"], strict=True)]
+    assert max(diffs) <= LOGPROB_TOLERANCE
