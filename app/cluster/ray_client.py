@@ -151,6 +151,8 @@ class RayEngineClient(TokenizingClient):
                             f"the engine failed while running request {request_id}: {output.error}"
                         )
                     yield output
+                if finished:  # the last output is in: the stream's end is one more message, not waited for
+                    return
         except RayTaskError as error:  # the replica's code raised: a bug, logged on the replica
             finished = True
             raise RequestFailedError(f"the engine replica failed request {request_id}: {error}") from error
