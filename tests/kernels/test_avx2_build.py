@@ -1,0 +1,52 @@
+"""The native kernels' AVX2 code paths, built for an AVX2-only x86 target and tested, on any x86-64 CPU.
+
+The suite's other kernel tests run the build for this CPU's own instruction set (AVX-512 where it has it);
+this one runs the native kernel tests in a child pytest with ``LORAPLEX_NATIVE_MARCH=haswell``, which
+builds the library a second time for AVX2 + FMA only (a library of its own name, kept beside the first).
+"""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.native_cpu import AVX2_MARCH, MARCH_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 900  # the AVX2 build (~1 min on two cores, once per source change) and the tests
+NATIVE_TESTS = [
+    "tests/kernels/test_paged_attention_native.py",
+    "tests/kernels/test_bf16_kv_native.py",
+    "tests/kernels/test_glue_ops_native.py",
+    "tests/kernels/test_sgmv_fused_native.py",
+    "tests/kernels/test_linear_packed_native.py",
+    "tests/kernels/test_argmax_rows_native.py",
+]
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2 " in Path("/proc/cpuinfo").read_text() + " "
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86-64 instruction set")
+@pytest.mark.skipif(not _has_avx2(), reason="this CPU cannot run an AVX2 build")
+def test_native_kernels_pass_when_built_for_avx2_only() -> None:
+    env = dict(os.environ, **{MARCH_ENV: AVX2_MARCH, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "anyio", *NATIVE_TESTS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    summary = result.stdout.splitlines()[-1] if result.stdout else result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "passed" in summary and "failed" not in summary and "error" not in summary, summary
