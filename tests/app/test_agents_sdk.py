@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import openai
 import pytest
@@ -56,6 +57,18 @@ def _agent(model: OpenAIChatCompletionsModel | OpenAIResponsesModel, calls: list
     )
 
 
+T = TypeVar("T")
+
+
+async def _closing(client: openai.AsyncOpenAI, run: Awaitable[T]) -> T:
+    """``run``'s result, the client closed on the loop its connections belong to (left to the garbage
+    collector, it closes them after that loop is gone, and the error lands in whichever test runs then)."""
+    try:
+        return await run
+    finally:
+        await client.close()
+
+
 def test_the_agents_sdk_runs_a_tool_loop_on_both_its_models(weather_server) -> None:
     server, tenant = weather_server
     set_tracing_disabled(True)
@@ -69,7 +82,7 @@ def test_the_agents_sdk_runs_a_tool_loop_on_both_its_models(weather_server) -> N
         model = kind(WEATHER_ADAPTER, client)
         calls: list[str] = []
         run = Runner.run(_agent(model, calls), CHECK_PROMPT, max_turns=3, auto_previous_response_id=chained)
-        result = asyncio.run(run)
+        result = asyncio.run(_closing(client, run))
         what = (type(model).__name__, chained, result.final_output)
         assert calls == [CHECK_CITY], what  # called once, with its one argument valid
         assert CHECK_RESULT in result.final_output, what
