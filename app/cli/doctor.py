@@ -23,8 +23,10 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,24 +191,15 @@ def check_weight_formats(device: torch.device, backend: KernelBackend | None) ->
         reason = "the engine runs on CUDA: bf16 is its dtype there and int8 weights are CPU only"
         return [CheckResult(f"weights {name}", Status.SKIP, reason) for name in formats]
     activations = torch.float32 if backend is KernelBackend.NATIVE else torch.bfloat16
-    results = []
-    for name in formats:
-        label = f"weights {name}"
-        try:
-            check = run_weight_format_check(name, activations, backend)
-        except Exception as error:  # an op that raises here is a failed check, not a crash
-            results.append(CheckResult(label, Status.FAIL, f"{type(error).__name__}: {error}"))
-            continue
-        results.append(
-            CheckResult(
-                label,
-                Status.PASS if check.passed else Status.FAIL,
-                f"linear on {name} weights, {dtype_name(activations)} activations ({backend.value}): max error "
-                f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})",
-                {"max_error": check.max_error, "tolerance": check.tolerance},
-            )
-        )
-    return results
+    return _format_checks(
+        "weights",
+        formats,
+        lambda name: run_weight_format_check(name, activations, backend),
+        lambda name, check: (
+            f"linear on {name} weights, {dtype_name(activations)} activations ({backend.value}): max error "
+            f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})"
+        ),
+    )
 
 
 def check_kv_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
@@ -215,11 +208,26 @@ def check_kv_formats(device: torch.device, backend: KernelBackend | None) -> lis
     if device.type != "cpu" or backend is not KernelBackend.NATIVE:
         reason = "bf16 K/V beside float32 activations is the native kernels' mode; elsewhere K/V are the model's dtype"
         return [CheckResult(f"kv {name}", Status.SKIP, reason) for name in formats]
+    return _format_checks(
+        "kv",
+        formats,
+        lambda name: run_kv_format_check(name, backend),
+        lambda name, check: (
+            f"attention and the K/V write on {name} K/V ({backend.value}): max error {check.max_error:.1e} "
+            f"against float32 K/V (tolerance {check.tolerance:.0e})"
+        ),
+    )
+
+
+def _format_checks(
+    kind: str, formats: tuple[str, ...], run: Callable[[str], Any], describe: Callable[[str, Any], str]
+) -> list[CheckResult]:
+    """One result per format: ``run(name)``'s check against its float32 reference (an op that raises fails it)."""
     results = []
     for name in formats:
-        label = f"kv {name}"
+        label = f"{kind} {name}"
         try:
-            check = run_kv_format_check(name, backend)
+            check = run(name)
         except Exception as error:  # an op that raises here is a failed check, not a crash
             results.append(CheckResult(label, Status.FAIL, f"{type(error).__name__}: {error}"))
             continue
@@ -227,8 +235,7 @@ def check_kv_formats(device: torch.device, backend: KernelBackend | None) -> lis
             CheckResult(
                 label,
                 Status.PASS if check.passed else Status.FAIL,
-                f"attention and the K/V write on {name} K/V ({backend.value}): max error {check.max_error:.1e} "
-                f"against float32 K/V (tolerance {check.tolerance:.0e})",
+                describe(name, check),
                 {"max_error": check.max_error, "tolerance": check.tolerance},
             )
         )
