@@ -53,9 +53,15 @@ async def test_revoked_key_is_refused_within_a_second(gateway_settings, default_
         assert (await client.get("/v1/models", headers=acme.headers)).status_code == 200
         async with gateway.database.sessions() as session, session.begin():
             await session.execute(update(ApiKey).values(revoked_at=datetime.now(UTC)))
+        # The guarantee is about when a request arrives: one that starts within the second may still be
+        # answered from the cached key, however long it then takes on a loaded machine.
         deadline = datetime.now(UTC) + timedelta(seconds=1.0)
-        while (response := await client.get("/v1/models", headers=acme.headers)).status_code == 200:
-            assert datetime.now(UTC) < deadline, "a revoked key still worked after one second"
+        while True:
+            started = datetime.now(UTC)
+            response = await client.get("/v1/models", headers=acme.headers)
+            if response.status_code != 200:
+                break
+            assert started < deadline, "a request started more than a second after the revocation was let in"
         error = _assert_openai_error(response, 401)
         assert "revoked" in error["message"]
 
