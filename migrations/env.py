@@ -1,14 +1,21 @@
-"""Alembic's entry point: runs the revisions over one asyncpg connection."""
+"""Alembic's entry point: runs the revisions over one asyncpg connection.
+
+Gateways started together on an empty database each upgrade it at start: the revisions run in one
+transaction that first takes a PostgreSQL advisory lock, so one gateway migrates while the others wait,
+then find the schema at head and apply nothing.
+"""
 
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.database import async_url
 from app.db.tables import Base
 
 target_metadata = Base.metadata
+MIGRATION_LOCK_KEY = 0x6C6F7261706C6578  # "loraplex": the advisory lock every migrating gateway takes
 
 
 def _record_applied(*, step, **_) -> None:
@@ -21,7 +28,8 @@ def _record_applied(*, step, **_) -> None:
 def _run(connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, on_version_apply=_record_applied)
     with context.begin_transaction():
-        context.run_migrations()
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        context.run_migrations()  # reads the schema's revision once the lock is held
 
 
 async def _run_online(url: str) -> None:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import asyncpg
 from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import make_url
 
 from app.db.migrate import alembic_config, upgrade
 from engine.lora_adapter import adapter_digest
 from tests.app.postgres import truncate_all
+
+MIGRATION_TIMEOUT_S = 120
 
 
 def _columns(url: str) -> dict[str, set[str]]:
@@ -128,3 +135,31 @@ def test_0004_moves_stored_adapters_into_postgres_and_leaves_missing_ones(databa
     finally:
         upgrade(database_url)
         truncate_all(database_url)
+
+
+def _upgrade_in_a_process(url: str) -> subprocess.Popen[str]:
+    """A gateway's start-up migration, in a process of its own (as gateways are: Alembic's state is per process)."""
+    code = "import json, sys; from app.db.migrate import upgrade; print(json.dumps(upgrade(sys.argv[1])))"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_gateways_upgrading_an_empty_database_together_apply_each_revision_once(postgres_url: str) -> None:
+    name = f"race_{uuid.uuid4().hex[:12]}"
+    _fetch(postgres_url, f"CREATE DATABASE {name}")
+    empty = make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        gateways = [_upgrade_in_a_process(empty) for _ in range(4)]  # four gateways starting at once
+        applied = []
+        for gateway in gateways:
+            out, err = gateway.communicate(timeout=MIGRATION_TIMEOUT_S)
+            assert gateway.returncode == 0, err[-3000:]
+            applied.append(json.loads(out.splitlines()[-1]))
+        every_revision = [revision for revisions in applied for revision in revisions]
+        assert len(every_revision) == len(set(every_revision)), applied  # none applied twice
+        known = {script.revision for script in ScriptDirectory.from_config(alembic_config(empty)).walk_revisions()}
+        assert set(every_revision) == known, applied  # each applied once, by one of them
+        assert upgrade(empty) == []
+    finally:
+        _fetch(postgres_url, f"DROP DATABASE {name} WITH (FORCE)")
