@@ -131,8 +131,8 @@ class WorkerGauges:
         )
         self.precision_info = Gauge(
             "loraplex_precision_info",
-            "1, with the engine's precision in labels: model dtype, activation dtype, weight format, and why.",
-            (WORKER, "dtype", "activations", "weights", "reason"),
+            "1, with the engine's precision in labels: model dtype, activation, K/V and weight formats, and why.",
+            (WORKER, "dtype", "activations", "kv", "weights", "reason"),
             registry=registry,
         )
         self.proposed_tokens = Gauge(
@@ -186,7 +186,7 @@ class WorkerGauges:
         self.vllm_running.labels(worker).set(stats.num_running)
         self.vllm_kv_usage.labels(worker).set(kv_usage(stats))
         self.precision_info.labels(
-            worker, stats.dtype, stats.activation_dtype, stats.weight_format, stats.precision_reason
+            worker, stats.dtype, stats.activation_dtype, stats.kv_dtype, stats.weight_format, stats.precision_reason
         ).set(1)
         for adapter, num_tokens in stats.num_proposed_tokens.items():
             self.proposed_tokens.labels(worker, adapter).set(num_tokens)

@@ -134,6 +134,10 @@ def _stats(num_running: int, running: list[str], waiting: list[str]) -> EngineSt
         running_adapters=running,
         waiting_adapters=waiting,
         max_adapters=8,
+        dtype="bfloat16",
+        kv_dtype="bfloat16",
+        weight_format="int8",
+        precision_reason="measured here",
     )
 
 
@@ -149,6 +153,16 @@ def test_each_scrape_shows_only_the_workers_there_and_their_current_adapters() -
         assert [s.labels["worker"] for s in samples[name]] == ["r1"]
     assert [s.value for s in samples["vllm:kv_cache_usage_perc"]] == [0.25], "KV pages over all pages of the pool"
     assert {s.labels["worker"] for s in samples["loraplex_pool_pages"]} == {"r1"}
+
+    (precision,) = samples["loraplex_precision_info"]
+    assert precision.labels == {
+        "worker": "r1",
+        "dtype": "bfloat16",
+        "activations": "float32",
+        "kv": "bfloat16",
+        "weights": "int8",
+        "reason": "measured here",
+    }
 
     stopped = _samples(metrics.render(None, usage_pending=3).decode())
     assert not stopped[LORA_INFO] and not stopped["loraplex_running_sequences"], "no engine, no engine series"
