@@ -7,15 +7,12 @@ builds the library a second time for AVX2 + FMA only (a library of its own name,
 
 import os
 import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from kernels.native_cpu import AVX2_MARCH, MARCH_ENV
+from kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
+from tests.kernels.child_pytest import run_child_pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 900  # the AVX2 build (~1 min on two cores, once per source change) and the tests
 NATIVE_TESTS = [
     "tests/kernels/test_paged_attention_native.py",
@@ -27,26 +24,10 @@ NATIVE_TESTS = [
 ]
 
 
-def _has_avx2() -> bool:
-    try:
-        return " avx2 " in Path("/proc/cpuinfo").read_text() + " "
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86-64 instruction set")
-@pytest.mark.skipif(not _has_avx2(), reason="this CPU cannot run an AVX2 build")
+@pytest.mark.skipif("avx2" not in cpu_flags().split(), reason="this CPU cannot run an AVX2 build")
 def test_native_kernels_pass_when_built_for_avx2_only() -> None:
-    env = dict(os.environ, **{MARCH_ENV: AVX2_MARCH, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "anyio", *NATIVE_TESTS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+    result = run_child_pytest(NATIVE_TESTS, {**os.environ, MARCH_ENV: AVX2_MARCH}, RUN_TIMEOUT_S, ("-p", "anyio"))
     summary = result.stdout.splitlines()[-1] if result.stdout else result.stderr[-2000:]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "passed" in summary and "failed" not in summary and "error" not in summary, summary

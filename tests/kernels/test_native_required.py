@@ -6,15 +6,12 @@ no C++ compiler to be found, as on a developer's machine without one, and withou
 
 import os
 import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.kernels.child_pytest import run_child_pytest
 from tests.native_required import NATIVE_MACHINES
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 600
 NEEDS_NATIVE = [
     "tests/kernels/test_argmax_rows_native.py::test_bad_inputs_are_refused",
@@ -27,16 +24,7 @@ NEEDS_NATIVE = [
 def test_no_compiler_fails_every_test_that_needs_the_native_library() -> None:
     env = {key: value for key, value in os.environ.items() if key != "CI"}
     env["CXX"] = "loraplex-test-no-such-compiler"
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # none of these tests needs a plugin: seconds of start-up saved
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *NEEDS_NATIVE],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+    result = run_child_pytest(NEEDS_NATIVE, env, RUN_TIMEOUT_S, ("-rfEs",))
     summary = result.stdout.splitlines()[-1]
     assert result.returncode == 1, result.stdout[-3000:]
     assert "skipped" not in summary and "passed" not in summary, summary
