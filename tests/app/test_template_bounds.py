@@ -64,7 +64,7 @@ ATTACKS = [
     ("wordwrap-filter", "{{ ('a ' * 100000) | wordwrap(1, wrapstring='x' * 100000) }}", "`wordwrap` filter"),
     ("replace-filter", "{{ ('a' * 4000000) | replace('a', 'bbbbbbbbbb') }}", "`replace` filter"),
     ("batch-fill", "{{ [1] | batch(1000000000, 'x') | list | length }}", "`batch` filter"),
-    ("sum-of-lists", "{{ (range(100000) | batch(1) | list) | sum(start=[]) }}", "adds numbers only"),
+    ("sum-of-lists", "{{ (range(1000) | batch(1) | list) | sum(start=[]) }}", "adds numbers only"),
     ("tojson-indent", "{{ messages | tojson(indent=1000000000) }}", "tojson's indent"),
     ("huge-power", "{{ 10 ** (10 ** 8) }}", "`**`"),
     (
