@@ -24,9 +24,11 @@ import ray
 from ray import serve
 from ray.actor import ActorHandle
 from ray.exceptions import ActorAlreadyExistsError
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ApplicationStatus
 
+from app.cluster.affinity_router import AdapterAffinityRouter
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE, EngineDirectory
 from app.cluster.environment import REPLICA_ENVIRONMENT, configure_ray_environment
 from app.cluster.replica import EngineReplica
@@ -96,6 +98,7 @@ def deploy_engine(
         num_replicas=settings.num_replicas,
         max_ongoing_requests=config.max_num_seqs,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        request_router_config=RequestRouterConfig(request_router_class=AdapterAffinityRouter),
         ray_actor_options={
             "num_cpus": cpus,
             "num_gpus": settings.replica_gpus,

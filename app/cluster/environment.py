@@ -16,14 +16,15 @@ THROUGHPUT_OPTIMIZED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 # Ray's own bookkeeping, slowed or turned off: while a replica stepped 64 streams on a 2-core machine,
 # Serve's controller took 2.5 % of a core, the GCS 1.7 % and the dashboard agent 0.7 %, all of it taken
 # from the engine's two threads; with these, 1.0 %, 0.7 % and none (Ray's task-event and metrics
-# reporting off, Serve's control loop every 0.5 s instead of 0.1 s, Serve's cached metrics exported every
-# second instead of every 0.1 s). The gateway's own /metrics are unaffected; Ray's Prometheus metrics and
-# its task list (the dashboard's state API) go quiet, so an operator who wants them sets these back.
+# reporting off, Serve's cached metrics exported every second instead of every 0.1 s). The gateway's own
+# /metrics are unaffected; Ray's Prometheus metrics and its task list (the dashboard's state API) go
+# quiet, so an operator who wants them sets these back. Serve's control loop keeps its 0.1 s: it is what
+# tells the routers which replica loaded an adapter, and at 0.5 s a second request for a new adapter
+# often came before the news and loaded it on another replica.
 QUIET_RAY = {
     "RAY_enable_task_events": "0",
     "RAY_enable_metrics_collection": "0",
     "RAY_event_stats": "0",
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
 }
 RAY_ENVIRONMENT = {

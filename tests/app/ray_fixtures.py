@@ -7,7 +7,6 @@ actors; each loads the default model into a pool of its own.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from ray import serve
 
 from app.cluster.deployment import RaySettings
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE
+from app.cluster.environment import configure_ray_environment
 from app.cluster.ray_client import RayEngineClient
 from engine import EngineStats
 from tests.app.gateway_fixtures import default_engine_config
@@ -26,8 +26,8 @@ REPLICA_WAIT_S = 120.0
 
 
 def start_ray() -> None:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+    """Ray with the settings a gateway gives it, so its processes (Serve's controller, the replicas) run as deployed."""
+    configure_ray_environment()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
 

@@ -34,6 +34,7 @@ from tests.engine.lora_helpers import make_peft_adapter
 pytestmark = [pytest.mark.default_model, pytest.mark.anyio]
 
 NUM_ADAPTERS = 4
+FRESH_SEEDS = range(21, 25)  # adapters no other test registers: no replica has loaded them
 AFFINITY_ROUNDS = 6
 MIN_HIT_RATE = 0.9
 FREE_WAIT_S = 10.0
@@ -50,6 +51,16 @@ def ray_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return {
         f"ad{seed}": make_peft_adapter(base, root / f"ad{seed}", seed=seed, r=4, target_modules=["q_proj", "v_proj"])
         for seed in range(11, 11 + NUM_ADAPTERS)
+    }
+
+
+@pytest.fixture(scope="module")
+def fresh_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fresh-adapters")
+    base = resolve_model("default", data_home)
+    return {
+        f"fresh{seed}": make_peft_adapter(base, root / f"fresh{seed}", seed=seed, r=4, target_modules=["q_proj"])
+        for seed in FRESH_SEEDS
     }
 
 
@@ -88,6 +99,34 @@ async def test_requests_for_an_adapter_land_on_the_replica_that_holds_it(ray_eng
             hits += replica == holder[name]
     assert hits / total >= MIN_HIT_RATE, f"affinity hit rate {hits}/{total}; holders {holder}"
     assert len(set(holder.values())) == NUM_REPLICAS, "new adapters go to the replica holding the fewest"
+
+
+async def test_a_new_adapters_second_request_follows_the_first_before_serve_reports_it(
+    ray_engine, fresh_adapters
+) -> None:
+    """Serve's controller tells the gateway's router where an adapter was loaded 0.1-0.5 s after the load. A second
+    request sent while the first still streams must not take the news' absence for "held nowhere" and load the
+    adapter on the other replica. The two requests generate different numbers of tokens, so the replicas' counters
+    tell whether one replica served both."""
+    ids = ray_engine.encode_prompt("The capital of France is")
+    split = []
+    for name, folder in fresh_adapters.items():
+        await ray_engine.add_adapter(f"pair-{name}", folder)
+        before = generated_by_replica(await ray_engine.worker_stats())
+        first = ray_engine.generate(
+            ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), f"a-{name}", f"pair-{name}"
+        )
+        await anext(first)
+        await _generate(ray_engine, f"b-{name}", f"pair-{name}", max_tokens=3)
+        async for _ in first:
+            pass
+        after = generated_by_replica(await ray_engine.worker_stats())
+        moved = sorted(
+            after[replica] - before.get(replica, 0) for replica in after if after[replica] != before.get(replica, 0)
+        )
+        if moved != [8 + 3]:
+            split.append((name, moved))
+    assert not split, f"second requests served by another replica than the first: {split}"
 
 
 async def test_a_cancelled_request_frees_its_pages_on_the_worker(ray_engine, ray_adapters) -> None:
