@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <vector>
 
 #include "bf16.h"
@@ -95,7 +96,8 @@ void shrink_block(const float* const* x, const T* const* a, int64_t in_dim, floa
   for (int t = 0; t < kT; ++t) {
     for (int j = 0; j < kR; ++j) {
       float sum = hsum8(acc[t][j]);
-      for (int64_t e = d; e < in_dim; ++e) sum += x[t][e] * widen(a[j][e]);
+      // Fused as the lanes are, whatever the compiler contracts: fp32 and bf16 rows give the same bits.
+      for (int64_t e = d; e < in_dim; ++e) sum = std::fma(x[t][e], widen(a[j][e]), sum);
       v[t * v_stride + j] = sum;
     }
   }
@@ -152,7 +154,7 @@ void expand_tokens(float* const* y, const float* v, const T* const* bt, int rank
   for (int t = 0; t < kT; ++t) {  // a last 0-7 columns
     for (int64_t col = c; col < n; ++col) {
       float acc = y[t][col];
-      for (int j = 0; j < rank; ++j) acc += v[t * rank + j] * widen(bt[j][col]);
+      for (int j = 0; j < rank; ++j) acc = std::fma(v[t * rank + j], widen(bt[j][col]), acc);  // see the shrink
       y[t][col] = acc;
     }
   }
