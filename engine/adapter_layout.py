@@ -120,8 +120,10 @@ def pack_pages(
 ) -> torch.Tensor:
     """The adapter's pages as they sit in the pool, [num_pages, num_layers, P] in ``dtype`` on the host.
 
-    Elements no row covers are zero. Copying page ``i`` of the result into the ``i``-th page the adapter
-    owns loads it: the host tier keeps this, so a load is a copy of pages and nothing is laid out again.
+    The rows are rounded to ``dtype`` here, once (bf16: to nearest even, torch's conversion), from the
+    adapter's float32 values with the LoRA scale already folded into B. Elements no row covers are zero.
+    Copying page ``i`` of the result into the ``i``-th page the adapter owns loads it: the host tier keeps
+    this, so a load is a copy of pages and nothing is laid out again.
     """
     pages = torch.zeros(layout.num_pages, num_layers, page_elems, dtype=dtype)  # [num_pages, L, P]
     write_adapter(pages, list(range(layout.num_pages)), adapter, layout)

@@ -225,10 +225,9 @@ class ModelConfig:
         """P: elements of one page in one layer, a KV block of ``block_size`` tokens."""
         return block_size * 2 * self.num_kv_heads * self.head_dim
 
-    def pick_block_size(self, kv_elems_per_adapter_elem: int = 1) -> int:
-        """The smallest block size (from MIN_BLOCK_SIZE, doubling) whose page holds the widest adapter row;
-        ``kv_elems_per_adapter_elem`` K/V elements fit in one adapter element (2 for bf16 K/V, fp32 adapters)."""
+    def pick_block_size(self) -> int:
+        """The smallest block size (from MIN_BLOCK_SIZE, doubling) whose page holds the widest adapter row."""
         block_size = MIN_BLOCK_SIZE
-        while self.page_elems(block_size) < self.widest_row * kv_elems_per_adapter_elem:
+        while self.page_elems(block_size) < self.widest_row:
             block_size *= 2
         return block_size

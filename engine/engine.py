@@ -66,9 +66,7 @@ class Engine:
         weights = load_weights(folder, self.model_config, self.precision, self.device, self.kernels)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
-        self.pool = make_pool(
-            config, self.model_config, self.precision.activation_dtype, self.device, self.precision.kv_dtype
-        )
+        self.pool = make_pool(config, self.model_config, self.precision.kv_dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
         self.speculator = (

@@ -69,7 +69,7 @@ class LlamaModel:
         lora = batch.lora
         if lora is not None:
             lora.apply("qkv", h, qkv, index, pool.storage)
-        rope_kv_write(qkv, *rope, pool.kv_storage, index, kv_rows, cfg.num_heads, cfg.num_kv_heads, backend)
+        rope_kv_write(qkv, *rope, pool.storage, index, kv_rows, cfg.num_heads, cfg.num_kv_heads, backend)
         q = qkv[:, : self._q_size].view(num_tokens, cfg.num_heads, cfg.head_dim)  # [num_tokens, heads, D], strided
         attn = paged_attention(q, pool.kv_layer(index), batch.attention, self.scale, backend)  # [num_tokens, heads, D]
         attn = attn.view(num_tokens, self._q_size)  # [num_tokens, heads * head_dim]

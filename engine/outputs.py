@@ -155,10 +155,10 @@ class EngineStats:
     """The model's dtype ("auto" resolved)."""
 
     activation_dtype: str = "float32"
-    """The dtype of activations and of adapters in the pool."""
+    """The dtype of activations (float32 on the native CPU kernels)."""
 
     kv_dtype: str = "float32"
-    """The dtype of K/V in the pool (bf16 on the native CPU kernels in bf16 mode)."""
+    """The dtype of the pool, K/V and adapters alike (bf16 in bf16 mode, on the native CPU kernels too)."""
 
     weight_format: str = "float32"
     """The projections' weights: "float32", "bfloat16" or "int8"."""

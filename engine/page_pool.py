@@ -49,10 +49,9 @@ class Reclaimer(Protocol):
 class PagePool:
     """Every page of the engine, with one free list.
 
-    ``storage`` is ``[num_pages, num_layers, P]`` (docs/architecture.md) in the adapters' dtype; a KV block
-    is one page, and ``kv_storage[p, l]`` viewed as ``[2, block_size, num_kv_heads, head_dim]`` holds layer
-    ``l``'s K and V. ``kv_storage`` is ``storage`` itself, or the same bytes viewed in the narrower K/V dtype
-    (bf16 K/V beside fp32 adapters: ``[num_pages, num_layers, 2P]``), so a page is either kind's.
+    ``storage`` is ``[num_pages, num_layers, P]`` (docs/architecture.md) in the pool's one dtype, K/V and
+    adapters alike; a KV block is one page, and ``storage[p, l]`` viewed as
+    ``[2, block_size, num_kv_heads, head_dim]`` holds layer ``l``'s K and V, so a page is either kind's.
 
     Pressure order when a page is needed: free pages first, then cached prefix blocks with no user,
     least recently used first (their hash is dropped), then idle adapters through the ``reclaimer``
@@ -69,19 +68,14 @@ class PagePool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        kv_dtype: torch.dtype | None = None,
     ) -> None:
         if num_pages < 1:
             raise PoolExhaustedError("the page pool has no pages; give the engine a larger pool_bytes")
-        kv_dtype = kv_dtype or dtype
-        kv_per_elem = _kv_elems_per_elem(dtype, kv_dtype)
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        kv_page_elems = block_size * 2 * num_kv_heads * head_dim
-        page_elems = kv_page_elems // kv_per_elem  # P in the adapters' dtype
+        page_elems = block_size * 2 * num_kv_heads * head_dim  # P
         self.storage = torch.zeros(num_pages, num_layers, page_elems, dtype=dtype, device=device)  # [N, L, P]
-        self.kv_storage = self.storage.view(kv_dtype)  # [N, L, P * kv_per_elem], the same bytes
         self.pages = [Page(page_id) for page_id in range(num_pages)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self._cached: OrderedDict[int, None] = OrderedDict()  # evictable prefix blocks, oldest first
@@ -100,7 +94,7 @@ class PagePool:
 
     def kv_layer(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s view of every page as a KV block: [num_pages, 2, block_size, kv_heads, head_dim]."""
-        return self.kv_storage[:, layer].view(self.num_pages, 2, self.block_size, self.num_kv_heads, self.head_dim)
+        return self.storage[:, layer].view(self.num_pages, 2, self.block_size, self.num_kv_heads, self.head_dim)
 
     def can_allocate(self, num_pages: int) -> bool:
         return num_pages <= self.num_allocatable
@@ -212,17 +206,9 @@ class PoolSize:
     budget_bytes: int
 
 
-def page_bytes(cfg: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-    """Bytes of one page across all layers: a KV block of ``block_size`` tokens in ``kv_dtype``."""
-    return cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(kv_dtype).bits // 8
-
-
-def _kv_elems_per_elem(dtype: torch.dtype, kv_dtype: torch.dtype) -> int:
-    """K/V elements in one element of the pool's ``dtype`` (1, or 2 for bf16 K/V beside fp32 adapters)."""
-    ratio, rest = divmod(torch.finfo(dtype).bits, torch.finfo(kv_dtype).bits)
-    if ratio < 1 or rest:
-        raise ConfigError(f"K/V in {kv_dtype} cannot share pages of {dtype}; they must be as wide or half as wide")
-    return ratio
+def page_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one page across all layers: a KV block of ``block_size`` tokens in ``dtype``."""
+    return cfg.num_layers * cfg.page_elems(block_size) * torch.finfo(dtype).bits // 8
 
 
 def size_pool(
@@ -230,7 +216,6 @@ def size_pool(
     cfg: ModelConfig,
     dtype: torch.dtype,
     free_device_bytes: int | None,
-    kv_dtype: torch.dtype | None = None,
 ) -> PoolSize:
     """The pool's pages from ``config.pool_bytes``, else a share of ``free_device_bytes``, else the CPU default.
 
@@ -240,12 +225,10 @@ def size_pool(
     sequence of the model's whole context, else most long requests would be refused for a reason the user
     never chose; either shortfall is a ConfigError saying what to change.
     """
-    kv_dtype = kv_dtype or dtype
-    kv_per_elem = _kv_elems_per_elem(dtype, kv_dtype)
-    block_size = config.block_size or cfg.pick_block_size(kv_per_elem)
-    if cfg.page_elems(block_size) < cfg.widest_row * kv_per_elem:
+    block_size = config.block_size or cfg.pick_block_size()
+    if cfg.page_elems(block_size) < cfg.widest_row:
         logger.warning("block_size %d leaves pages narrower than the widest adapter row", block_size)
-    one_page = page_bytes(cfg, block_size, kv_dtype)
+    one_page = page_bytes(cfg, block_size, dtype)
     min_pages = 1
     if config.pool_bytes is not None:
         budget = config.pool_bytes
@@ -277,14 +260,13 @@ def make_pool(
     cfg: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
-    kv_dtype: torch.dtype | None = None,
 ) -> PagePool:
-    """The pool an engine of ``config`` gets (see :func:`size_pool`): adapters in ``dtype``, K/V in ``kv_dtype``
-    (``dtype`` when None); reads CUDA's free memory when it sizes by it."""
+    """The pool an engine of ``config`` gets (see :func:`size_pool`), K/V and adapters in ``dtype``; reads
+    CUDA's free memory when it sizes by it."""
     free_device_bytes = None
     if device.type == "cuda" and config.pool_bytes is None:
         free_device_bytes, _ = torch.cuda.mem_get_info(device)
-    size = size_pool(config, cfg, dtype, free_device_bytes, kv_dtype)
+    size = size_pool(config, cfg, dtype, free_device_bytes)
     return PagePool(
         size.num_pages,
         cfg.num_layers,
@@ -293,5 +275,4 @@ def make_pool(
         cfg.head_dim,
         dtype,
         device,
-        kv_dtype,
     )

@@ -6,10 +6,11 @@
 - On CUDA and on the torch kernels, ``bfloat16`` is the dtype of everything but the fp32 accumulations,
   softmax, norms and logits: weights, activations, K/V and adapters in the pool.
 - On the native CPU kernels, ``bfloat16`` is the projections' weight format (bf16 panels widened in
-  registers, fp32 accumulation) and the K/V's in the pool (rounded to nearest even as they are written,
-  widened as attention reads them; scores, softmax and accumulation fp32), so a GiB of pool holds twice
-  the tokens and a decode step streams half the K/V bytes. Activations and the glue ops stay fp32, and
-  adapters stay fp32 in the same pool (a page holds half as many fp32 elements as bf16 K/V ones).
+  registers, fp32 accumulation) and the dtype of the pool, K/V and adapters alike: K/V rounded to nearest
+  even as they are written and widened as attention reads them (scores, softmax and accumulation fp32),
+  adapters rounded once when their pages are packed and widened as the SGMV op reads them (fp32 sums). So
+  a GiB of pool holds twice the tokens or twice the adapters, and a decode step streams half the K/V and
+  adapter bytes. Activations and the glue ops stay fp32.
 - ``quantization="int8"``: per-output-row symmetric int8 projection weights, quantized at load; the
   activations in the model's dtype, adapters unquantized. The embedding and norms keep the model's dtype.
 - ``auto``: bf16 on CUDA; on CPU bf16 where the CPU computes it natively (AVX512-BF16 or AMX), fp32
@@ -39,9 +40,10 @@ class Precision:
     dtype: torch.dtype
     """The model's dtype as asked for (or as ``auto`` chose): what the weights are loaded in."""
     activation_dtype: torch.dtype
-    """Activations and adapters in the pool: ``dtype``, or fp32 on the native CPU kernels."""
+    """Activations: ``dtype``, or fp32 on the native CPU kernels."""
     kv_dtype: torch.dtype
-    """K/V in the pool: ``activation_dtype``, or bf16 on the native CPU kernels when ``dtype`` is bf16."""
+    """The pool's dtype, K/V and adapters alike: ``activation_dtype``, or bf16 on the native CPU kernels when
+    ``dtype`` is bf16."""
     quantization: str | None
     """"int8" for int8 projection weights, else None."""
     reason: str
@@ -84,10 +86,10 @@ def resolve_precision(
     if backend is KernelBackend.NATIVE:
         activation = torch.float32
         kv = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        how = "; the native CPU kernels keep activations and adapters in float32"
+        how = "; the native CPU kernels keep activations in float32"
     else:
         activation = kv = dtype
         how = ""
     weights = f"{quantization} weights" if quantization else f"{dtype_name(dtype)} weights"
-    reason = f"{why}: {weights}, {dtype_name(kv)} K/V, {dtype_name(activation)} activations{how}"
+    reason = f"{why}: {weights}, {dtype_name(kv)} K/V and adapters, {dtype_name(activation)} activations{how}"
     return Precision(dtype, activation, kv, quantization, reason)

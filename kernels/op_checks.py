@@ -45,6 +45,11 @@ WEIGHT_FORMAT_TOLERANCES = {"bfloat16": 1e-2, "int8": 3e-2}
 # rounding to bf16 (a written value is off by at most 2^-9 of itself) on unit-scale inputs (measured on the
 # Xeon: 2.5e-3 for the write, 2.7e-3 for attention; an attention 1 % off measures 7.3e-3).
 KV_FORMAT_TOLERANCES = {"bfloat16": 5e-3}
+# The fused SGMV over bf16 adapter rows in the pool, against the same over the unrounded float32 rows: the
+# rows' rounding (each element off by at most 2^-9 of itself) on unit-scale x, v and y (measured on the Xeon:
+# 1.8e-3; the op's output 1 % off measures 7.7e-3, its delta alone 1 % off 6.5e-3).
+ADAPTER_FORMAT_TOLERANCES = {"bfloat16": 5e-3}
+DELTA_SCALE = 0.25  # the SGMV check's LoRA deltas against its y: about N(0, 1/16) beside N(0, 1)
 SEED = 0  # fixed, so two runs of the doctor compare the same numbers
 NUM_LAYERS = 2
 LAYER = 1  # not 0, so a wrong layer stride reads another layer's data
@@ -69,7 +74,7 @@ class _Target:
     dtype: torch.dtype
     backend: KernelBackend
     gen: torch.Generator
-    kv_dtype: torch.dtype | None = None  # the pool's K/V under test, when not ``dtype``
+    pool_dtype: torch.dtype | None = None  # the pool's (K/V and adapters) under test, when not ``dtype``
 
     def randn(self, *shape: int) -> torch.Tensor:
         """Random values already rounded to the dtype, in float32 on the CPU."""
@@ -84,9 +89,9 @@ class _Target:
         dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
         return tensor.to(device=self.device, dtype=dtype, copy=True)
 
-    def put_kv(self, pool: torch.Tensor) -> torch.Tensor:
-        """A copy of a page pool as the op under test takes it: in the K/V dtype (rounded), on the device."""
-        return pool.to(device=self.device, dtype=self.kv_dtype or self.dtype, copy=True)
+    def put_pool(self, pool: torch.Tensor) -> torch.Tensor:
+        """A copy of a page pool as the op under test takes it: in the pool's dtype (rounded), on the device."""
+        return pool.to(device=self.device, dtype=self.pool_dtype or self.dtype, copy=True)
 
 
 def run_op_check(op: str, device: torch.device, dtype: torch.dtype, backend: KernelBackend) -> OpCheck:
@@ -114,11 +119,24 @@ def run_weight_format_check(weight_format: str, activation_dtype: torch.dtype, b
 def run_kv_format_check(kv_format: str, backend: KernelBackend) -> OpCheck:
     """Paged attention over ``kv_format`` ("bfloat16") K/V pages and the K/V write into them, with ``backend``
     on the CPU in float32 activations, against both on float32 pages holding the unrounded K/V."""
-    kv_dtype = getattr(torch, kv_format)
-    target = _Target(torch.device("cpu"), torch.float32, backend, torch.Generator().manual_seed(SEED), kv_dtype)
+    target = _pool_target(kv_format, backend)
     pairs = _paged_attention(target) + _rope_kv_write(target)
     error = max(_scaled_error(actual, expected) for actual, expected in pairs)
     return OpCheck(f"kv_{kv_format}", error, KV_FORMAT_TOLERANCES[kv_format])
+
+
+def run_adapter_format_check(adapter_format: str, backend: KernelBackend) -> OpCheck:
+    """The fused SGMV over ``adapter_format`` ("bfloat16") adapter rows in the pool, with ``backend`` on the
+    CPU in float32 activations, against the torch op over float32 rows holding the unrounded adapters."""
+    pairs = _sgmv_fused(_pool_target(adapter_format, backend))
+    error = max(_scaled_error(actual, expected) for actual, expected in pairs)
+    return OpCheck(f"adapters_{adapter_format}", error, ADAPTER_FORMAT_TOLERANCES[adapter_format])
+
+
+def _pool_target(pool_format: str, backend: KernelBackend) -> _Target:
+    """float32 activations on the CPU beside a pool in ``pool_format``, seeded as every check is."""
+    generator = torch.Generator().manual_seed(SEED)
+    return _Target(torch.device("cpu"), torch.float32, backend, generator, getattr(torch, pool_format))
 
 
 def _scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -165,20 +183,21 @@ def _paged_attention(t: _Target) -> Pairs:
     tables = {f.name: getattr(meta, f.name) for f in fields(meta) if isinstance(getattr(meta, f.name), torch.Tensor)}
     on_device = replace(meta, **{name: t.put(table) for name, table in tables.items()})
     scale = head_dim**-0.5
-    out = paged_attention(t.put(q), layer_view(t.put_kv(storage)), on_device, scale, t.backend)
+    out = paged_attention(t.put(q), layer_view(t.put_pool(storage)), on_device, scale, t.backend)
     return [(out, paged_attention_torch(q, layer_view(storage), meta, scale))]
 
 
 def _sgmv_fused(t: _Target) -> Pairs:
     in_dim, out_dims, page_elems = 64, (48, 80), 256
     ranks = (4, 8)  # two adapters, each targeting both modules of the group
-    # Each row's length and scale: A rows 1/sqrt(in_dim) and Bᵀ rows 1/sqrt(rank), as trained LoRA weights
-    # are, so v and each delta are about N(0, 1) and the error measures rounding, not cancellation.
+    # Each row's length and scale: A rows 1/sqrt(in_dim), so v is about N(0, 1), and Bᵀ rows
+    # DELTA_SCALE/sqrt(rank), so each delta is a LoRA's small correction to y ~ N(0, 1), as trained adapters
+    # make it; the error measures rounding, not cancellation.
     rows = [
         (dim, scale)
         for rank in ranks
         for out_dim in out_dims
-        for dim, scale in [(in_dim, in_dim**-0.5)] * rank + [(out_dim, rank**-0.5)] * rank
+        for dim, scale in [(in_dim, in_dim**-0.5)] * rank + [(out_dim, DELTA_SCALE * rank**-0.5)] * rank
     ]
     # Row i in page i, at an offset that varies (every offset + row fits the page's 256 elements).
     row_addr = [i * NUM_LAYERS * page_elems + (i % 3) * 48 for i in range(len(rows))]
@@ -199,7 +218,7 @@ def _sgmv_fused(t: _Target) -> Pairs:
     y = t.randn(num_tokens, sum(out_dims))  # [tokens, y_width]
     meta = build_sgmv_metadata(segments, row_addr, in_dim, out_dims)
     device_meta = build_sgmv_metadata(segments, row_addr, in_dim, out_dims, device=t.device)
-    device_storage, out = t.put(storage), t.put(y)
+    device_storage, out = t.put_pool(storage), t.put(y)
     plan = None
     if t.backend is KernelBackend.NATIVE:
         plan = plan_sgmv_native(device_meta)
@@ -228,7 +247,7 @@ def _rope_kv_write(t: _Target) -> Pairs:
     storage = t.randn(num_pages, NUM_LAYERS, block_size * 2 * num_kv_heads * head_dim)  # [pages, layers, P]
     slots = torch.tensor([9, 0, 5, 6, 11])  # [tokens]: pages 2, 0, 1, 1, 2
     rows = kv_row_index(slots, NUM_LAYERS, block_size)  # [tokens]
-    device_qkv, device_storage = t.put(qkv), t.put_kv(storage)
+    device_qkv, device_storage = t.put(qkv), t.put_pool(storage)
     rope_kv_write(
         device_qkv,
         t.put(cos),

@@ -9,7 +9,7 @@ import torch
 from kernels.backend import KernelBackend
 from kernels.lora_metadata import SgmvMetadata
 from kernels.sgmv_expand import check_output, sgmv_expand_triton
-from kernels.sgmv_fused_native import SgmvNativePlan, sgmv_fused_native
+from kernels.sgmv_fused_native import NATIVE_STORAGE_DTYPES, SgmvNativePlan, sgmv_fused_native
 from kernels.sgmv_fused_torch import SgmvFusedPlan, sgmv_fused_torch
 from kernels.sgmv_shrink import check_shrink_inputs, sgmv_shrink_triton
 
@@ -27,7 +27,8 @@ def sgmv_fused(
 
     Args:
         x: [num_tokens, in_dim], float32, bfloat16 or float16, contiguous; the group's shared input.
-        storage: [num_pages, num_layers, P], x's dtype and device, contiguous; the page pool.
+        storage: [num_pages, num_layers, P], x's dtype and device, contiguous; the page pool. NATIVE also
+            takes a bfloat16 pool beside float32 x (bf16 mode's pool: its rows widened as they are read).
         meta: the group's ``SgmvMetadata`` for this step; tensors on x's device.
         layer_offset: ``layer * P``, added to every row address.
         y: [num_tokens, y_width], x's dtype, contiguous; the group's fused output, added to in place.
@@ -40,11 +41,12 @@ def sgmv_fused(
     if backend is KernelBackend.TRITON:
         sgmv_expand_triton(sgmv_shrink_triton(x, storage, meta, layer_offset), storage, meta, layer_offset, y)
         return
-    check_shrink_inputs(x, storage, meta, layer_offset)
+    native = backend is KernelBackend.NATIVE
+    check_shrink_inputs(x, storage, meta, layer_offset, NATIVE_STORAGE_DTYPES if native else None)
     check_output(y, meta)
     if y.dtype != x.dtype:
         raise ValueError(f"y is {y.dtype}, need x's {x.dtype}")
-    if backend is KernelBackend.NATIVE:
+    if native:
         if plan is not None and not isinstance(plan, SgmvNativePlan):
             raise ValueError("the native backend takes a plan from plan_sgmv_native")
         sgmv_fused_native(x, storage, meta, layer_offset, y, plan)

@@ -6,6 +6,10 @@ tokens of each *item* (one adapter's rows, see :func:`kernels.lora_metadata.segm
 implementation instead gathers rows with ``index_select`` every layer and, past a few adapters among the
 decode tokens, falls back to batched ``bmm`` with scatters: with 16 adapters those gathers and scatters
 were 14 % of the engine's operator time.
+
+The pool may hold the rows in float32 or in bfloat16 (bf16 mode's pool, K/V and adapters in one tensor):
+the op widens bf16 rows to fp32 in registers as it reads them, so x, y and every sum stay float32 and a
+bf16 adapter streams half the bytes.
 """
 
 from dataclasses import dataclass, field
@@ -15,6 +19,8 @@ import torch
 
 from kernels.lora_metadata import SgmvMetadata, segment_items
 from kernels.native_cpu import require_native_ops
+
+NATIVE_STORAGE_DTYPES = (torch.float32, torch.bfloat16)  # the pools the op reads; x and y are float32
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +73,11 @@ def sgmv_fused_native(
     y: torch.Tensor,
     plan: SgmvNativePlan | None = None,
 ) -> None:
-    """Native implementation of :func:`kernels.sgmv_fused.sgmv_fused` (same semantics; float32 on CPU).
+    """Native implementation of :func:`kernels.sgmv_fused.sgmv_fused` (same semantics; float32 x and y on CPU).
 
-    The op checks every row address against the pool and every token against x before it reads.
+    ``storage`` is the float32 or bfloat16 pool [num_pages, num_layers, P]; row addresses and
+    ``layer_offset`` count its own elements. The op checks every row address against the pool and every
+    token against x before it reads.
     """
     if plan is None:
         plan = plan_sgmv_native(meta)

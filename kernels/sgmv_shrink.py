@@ -139,21 +139,39 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
     return v
 
 
-def check_shrink_inputs(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int) -> None:
-    """Raise ValueError unless ``x`` and the pool fit ``meta`` (the launcher's checks, also run on CPU)."""
+def check_shrink_inputs(
+    x: torch.Tensor,
+    storage: torch.Tensor,
+    meta: SgmvMetadata,
+    layer_offset: int,
+    storage_dtypes: tuple[torch.dtype, ...] | None = None,
+) -> None:
+    """Raise ValueError unless ``x`` and the pool fit ``meta`` (the launcher's checks, also run on CPU).
+
+    The pool must be in x's dtype, or in one of ``storage_dtypes`` when given (an op that widens its rows).
+    """
     if x.dtype not in _SUPPORTED_DTYPES:
         raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() != 2 or not x.is_contiguous():
         raise ValueError(f"x must be a contiguous [num_tokens, in_dim] tensor, got shape {tuple(x.shape)}")
     if tuple(x.shape) != (meta.num_tokens, meta.in_dim):
         raise ValueError(f"x must be [num_tokens={meta.num_tokens}, in_dim={meta.in_dim}], got {tuple(x.shape)}")
-    check_pool(storage, meta, layer_offset, x)
+    check_pool(storage, meta, layer_offset, x, storage_dtypes)
 
 
-def check_pool(storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, like: torch.Tensor) -> None:
-    """Raise ValueError unless the pool has ``like``'s dtype and device and holds every row at this layer."""
-    if storage.dtype != like.dtype or storage.device != like.device:
-        raise ValueError(f"storage is {storage.dtype} on {storage.device}, need {like.dtype} on {like.device}")
+def check_pool(
+    storage: torch.Tensor,
+    meta: SgmvMetadata,
+    layer_offset: int,
+    like: torch.Tensor,
+    storage_dtypes: tuple[torch.dtype, ...] | None = None,
+) -> None:
+    """Raise ValueError unless the pool is on ``like``'s device, in its dtype (or one of ``storage_dtypes``
+    when given), and holds every row at this layer."""
+    dtypes = storage_dtypes or (like.dtype,)
+    if storage.dtype not in dtypes or storage.device != like.device:
+        need = " or ".join(str(dtype).removeprefix("torch.") for dtype in dtypes)
+        raise ValueError(f"storage is {storage.dtype} on {storage.device}, need {need} on {like.device}")
     if storage.dim() != 3 or not storage.is_contiguous():
         raise ValueError(f"storage must be the contiguous [num_pages, num_layers, P] pool, got {tuple(storage.shape)}")
     if layer_offset < 0 or layer_offset + meta.max_row_end > storage.numel():

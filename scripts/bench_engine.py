@@ -152,10 +152,10 @@ def run_hf(model, workload: Workload, max_batch: int, pad_id: int) -> float:
 
 
 def sequences_per_gib(engine: Engine) -> int:
-    """Sequences of CAPACITY_TOKENS tokens a GiB of this engine's pool holds (K/V in its pool's K/V dtype)."""
+    """Sequences of CAPACITY_TOKENS tokens a GiB of this engine's pool holds (K/V in its pool's dtype)."""
     cfg, block_size = engine.model_config, engine.pool.block_size
     pages = -(-CAPACITY_TOKENS // block_size)
-    return 2**30 // (pages * page_bytes(cfg, block_size, engine.pool.kv_storage.dtype))
+    return 2**30 // (pages * page_bytes(cfg, block_size, engine.pool.storage.dtype))
 
 
 def run_modes(folder: str, args: argparse.Namespace) -> dict:

@@ -8,20 +8,38 @@ Reports medians of repeated runs: the per-step cost (metadata and plan), the per
 (layers cycled, so a layer's rows are not still cached from the last call), and the base projection
 576 -> 960 as ``F.linear`` and as the engine's oneDNN-packed linear.
 
+``--pages`` measures the native fused op (the engine's on CPU) on float32 adapter pages against bf16 pages
+(bf16 mode's pool): a decode step's LoRA of all 30 layers and the four projection groups, through the
+engine's own layout, packing and step tables, rank-8/16/32 adapters on every projection. Both pools hold
+the same values (the float32 pool holds the bf16 rows widened), rounds alternate the two, and each step
+reports both medians (wall and CPU time), the speedup and the largest difference of the outputs; then
+rank-8 and rank-16 adapters per GiB of pool in each dtype.
+
     python scripts/bench_sgmv_cpu.py            # one line per configuration
     python scripts/bench_sgmv_cpu.py --json     # last line: one JSON object
+    python scripts/bench_sgmv_cpu.py --pages --json
 """
 
 import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from engine.adapter_cache import AdapterEntry
+from engine.adapter_layout import pack_pages, pages_for_rank, plan_layout
+from engine.config import ModelConfig
+from engine.lora_adapter import LoraAdapter, LoraWeights
+from engine.lora_batch import MODULE_GROUPS, LoraStep, build_lora_step
+from engine.lora_config import PROJECTIONS, projection_shapes
+from engine.page_pool import page_bytes
+from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight, linear
 from kernels.lora_metadata import ModuleRows, build_sgmv_metadata
 from kernels.sgmv_expand import sgmv_expand
@@ -34,6 +52,24 @@ IN_DIM = 576
 OUT_DIMS = (576, 192, 192)
 NUM_TOKENS = 64
 RANKS = (8, 16, 32)
+# SmolLM2-135M's shapes, for the --pages steps: 30 layers, 3 kv heads of 64, rows up to 1536 wide.
+SMOLLM2 = ModelConfig.from_dict(
+    {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    }
+)
+BLOCK_SIZE = 16
+PAGE_STEPS = ((64, 16), (64, 1), (8, 8))  # (decode tokens, adapters) of the --pages steps
+CAPACITY_RANKS = (8, 16)
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -128,15 +164,141 @@ def measure(num_adapters: int, sort_tokens: bool, repeats: int, seed: int) -> di
     }
 
 
+def random_adapter(rank: int, gen: torch.Generator) -> LoraAdapter:
+    """A rank-``rank`` LoRA on every projection, A rows of unit norm and B of LoRA-like scale."""
+    shapes = projection_shapes(SMOLLM2)
+    layers = tuple(
+        {
+            module: LoraWeights(
+                a=torch.randn(rank, in_dim, generator=gen) / in_dim**0.5,  # [rank, in]
+                b=torch.randn(out_dim, rank, generator=gen) * 0.02,  # [out, rank]
+            )
+            for module, (in_dim, out_dim) in shapes.items()
+        }
+        for _ in range(SMOLLM2.num_layers)
+    )
+    ranks = dict.fromkeys(PROJECTIONS, rank)
+    return LoraAdapter(f"bench-{rank}", 0, PROJECTIONS, ranks, layers, float(rank), False, None)
+
+
+def adapter_pools(num_adapters: int, rng: random.Random) -> tuple[dict[str, torch.Tensor], list[AdapterEntry]]:
+    """``num_adapters`` adapters placed as the engine places them, one after another: the bf16 pool and a
+    float32 pool holding the same values, [num_pages, 30, P] each; the adapters' entries (resident)."""
+    page_elems = SMOLLM2.page_elems(BLOCK_SIZE)
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    entries, images = [], []
+    for index in range(num_adapters):
+        adapter = random_adapter(rng.choice(RANKS), gen)
+        layout = plan_layout(adapter, SMOLLM2, page_elems)
+        first = sum(image.shape[0] for image in images)
+        images.append(pack_pages(adapter, layout, SMOLLM2.num_layers, page_elems, torch.bfloat16))  # [pages, L, P]
+        page_ids = list(range(first, first + layout.num_pages))
+        row_addr = layout.row_addr(page_ids, SMOLLM2.num_layers, page_elems)  # [num_rows]
+        entries.append(
+            AdapterEntry(
+                name=f"a{index}",
+                path=Path(),
+                digest=str(index),
+                modules=PROJECTIONS,
+                ranks=adapter.ranks,
+                layout=layout,
+                host_bytes=0,
+                host=None,
+                page_ids=page_ids,
+                row_addr=row_addr,
+                row_addr_list=row_addr.tolist(),
+            )
+        )
+    bf16 = torch.cat(images)  # [num_pages, L, P]
+    return {"fp32": bf16.float(), "bf16": bf16}, entries
+
+
+def lora_step_ms(
+    step: LoraStep, xs: dict[str, torch.Tensor], ys: dict[str, torch.Tensor], storage: torch.Tensor, clock
+) -> float:
+    """A decode step's LoRA: each group's fused op at every layer, as the model runs it; ms on ``clock``."""
+    start = clock()
+    for layer in range(NUM_LAYERS):
+        for name in MODULE_GROUPS:
+            step.apply(name, xs[name], ys[name], layer, storage)
+    return (clock() - start) * 1e3
+
+
+def measure_pages(num_tokens: int, num_adapters: int, rounds: int, seed: int) -> dict[str, float]:
+    """One decode step of ``num_tokens`` tokens over ``num_adapters`` adapters (tokens sorted by adapter, each
+    adapter at least once) on fp32 pages and on bf16 pages, alternated round by round."""
+    rng = random.Random(seed)
+    pools, entries = adapter_pools(num_adapters, rng)
+    token_adapters = [*range(num_adapters), *(rng.randrange(num_adapters) for _ in range(num_tokens - num_adapters))]
+    runs = [(1, entries[a]) for a in sorted(token_adapters)]  # consecutive tokens of an adapter: one segment
+    shapes = projection_shapes(SMOLLM2)
+    xs = {name: torch.randn(num_tokens, shapes[modules[0]][0]) for name, modules in MODULE_GROUPS.items()}
+    widths = {name: sum(shapes[m][1] for m in modules) for name, modules in MODULE_GROUPS.items()}
+    steps = {name: build_lora_step(runs, SMOLLM2, pool, KernelBackend.NATIVE) for name, pool in pools.items()}
+    ys = {name: torch.zeros(num_tokens, width) for name, width in widths.items()}  # [tokens, group width]
+    times: dict[str, list[float]] = {name: [] for name in pools}
+    cpu_times: dict[str, list[float]] = {name: [] for name in pools}
+    for name, pool in pools.items():  # warm-up
+        lora_step_ms(steps[name], xs, ys, pool, time.perf_counter)
+    for _ in range(rounds):
+        for name, pool in pools.items():
+            times[name].append(lora_step_ms(steps[name], xs, ys, pool, time.perf_counter))
+            cpu_times[name].append(lora_step_ms(steps[name], xs, ys, pool, time.process_time))
+    outputs = {}
+    for name, pool in pools.items():
+        outputs[name] = {group: torch.zeros(num_tokens, width) for group, width in widths.items()}
+        lora_step_ms(steps[name], xs, outputs[name], pool, time.perf_counter)
+    fp32_ms, bf16_ms = statistics.median(times["fp32"]), statistics.median(times["bf16"])
+    fp32_cpu, bf16_cpu = statistics.median(cpu_times["fp32"]), statistics.median(cpu_times["bf16"])
+    return {
+        "tokens": num_tokens,
+        "adapters": num_adapters,
+        "fp32_pages_mib": round(pools["fp32"].numel() * 4 / 2**20, 1),
+        "fp32_pages_ms": round(fp32_ms, 2),
+        "bf16_pages_ms": round(bf16_ms, 2),
+        "speedup": round(fp32_ms / bf16_ms, 2),
+        "fp32_pages_cpu_ms": round(fp32_cpu, 2),
+        "bf16_pages_cpu_ms": round(bf16_cpu, 2),
+        "cpu_speedup": round(fp32_cpu / bf16_cpu, 2),
+        "max_abs_diff": max(float((outputs["fp32"][g] - outputs["bf16"][g]).abs().max()) for g in widths),
+    }
+
+
+def adapters_per_gib() -> dict[str, int]:
+    """Rank-r adapters on every projection a GiB of pool holds, with float32 and with bf16 pages."""
+    page_elems = SMOLLM2.page_elems(BLOCK_SIZE)
+    counts = {}
+    for rank in CAPACITY_RANKS:
+        pages = pages_for_rank(SMOLLM2, rank, page_elems)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            counts[f"{name}_rank{rank}_adapters_per_gib"] = 2**30 // (pages * page_bytes(SMOLLM2, BLOCK_SIZE, dtype))
+    return counts
+
+
+def main_pages(args: argparse.Namespace) -> None:
+    results: dict = {"threads": torch.get_num_threads(), "rounds": args.rounds}
+    for num_tokens, num_adapters in PAGE_STEPS:
+        entry = measure_pages(num_tokens, num_adapters, args.rounds, args.seed)
+        results[f"decode_{num_tokens}_over_{num_adapters}"] = entry
+        sys.stdout.write(f"LoRA of a decode step (30 layers): {', '.join(f'{k} {v}' for k, v in entry.items())}\n")
+    results.update(adapters_per_gib())
+    sys.stdout.write(f"{json.dumps(results) if args.json else results}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's own choice)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--pages", action="store_true", help="the native op on fp32 against bf16 adapter pages")
+    parser.add_argument("--rounds", type=int, default=9, help="with --pages: alternated rounds, medians reported")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.pages:
+        main_pages(args)
+        return
     configs = [(16, True), (16, False), (64, True)]
     results = [measure(num_adapters, sort_tokens, args.repeats, args.seed) for num_adapters, sort_tokens in configs]
     if args.json:

@@ -10,8 +10,9 @@ The checks, in order:
   engine does not use here is one skipped line per op, with the reason;
 - on CPU, a projection on bf16 and on int8 weights as the engine would prepare them, against float32
   weights, within the stated tolerance of the weights' rounding;
-- on the native CPU kernels, attention over bf16 K/V pages and the K/V write into them (what bf16 mode
-  stores), against both on float32 pages, within the stated tolerance of the K/V's rounding;
+- on the native CPU kernels, attention over bf16 K/V pages and the K/V write into them, and the fused SGMV
+  over bf16 adapter rows (what bf16 mode's pool holds), against the same on float32 pages, within the
+  stated tolerances of the K/V's and the adapters' rounding;
 - a short greedy generate with the configured model (LORAPLEX_MODEL), timed. The default model is never
   downloaded here: when it was not pulled yet the line says how to get it.
 
@@ -45,9 +46,11 @@ from engine.precision import dtype_name
 from kernels.backend import KernelBackend
 from kernels.native_cpu import unavailable_reason
 from kernels.op_checks import (
+    ADAPTER_FORMAT_TOLERANCES,
     KV_FORMAT_TOLERANCES,
     OPS,
     WEIGHT_FORMAT_TOLERANCES,
+    run_adapter_format_check,
     run_kv_format_check,
     run_op_check,
     run_weight_format_check,
@@ -91,7 +94,7 @@ def run_doctor(settings: Settings) -> list[CheckResult]:
         check_precision(config, device, backend),
         *check_native_ops(device, backend),
         *check_weight_formats(device, backend),
-        *check_kv_formats(device, backend),
+        *check_pool_formats(device, backend),
         *check_cuda_ops(device, dtype, backend),
         model_problem or check_generate(config, model, device, dtype, backend),
     ]
@@ -202,21 +205,33 @@ def check_weight_formats(device: torch.device, backend: KernelBackend | None) ->
     )
 
 
-def check_kv_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
-    """Attention and the K/V write on bf16 K/V pages, as the native CPU kernels run them, against float32 pages."""
-    formats = tuple(KV_FORMAT_TOLERANCES)
+def check_pool_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
+    """Attention and the K/V write on bf16 K/V pages, and the SGMV on bf16 adapter rows, as the native CPU
+    kernels run them, against float32 pages."""
+    kv_formats, adapter_formats = tuple(KV_FORMAT_TOLERANCES), tuple(ADAPTER_FORMAT_TOLERANCES)
     if device.type != "cpu" or backend is not KernelBackend.NATIVE:
-        reason = "bf16 K/V beside float32 activations is the native kernels' mode; elsewhere K/V are the model's dtype"
-        return [CheckResult(f"kv {name}", Status.SKIP, reason) for name in formats]
-    return _format_checks(
+        reason = "a bf16 pool beside float32 activations is the native kernels' mode; elsewhere it is the model's dtype"
+        names = [f"kv {name}" for name in kv_formats] + [f"adapters {name}" for name in adapter_formats]
+        return [CheckResult(name, Status.SKIP, reason) for name in names]
+    kv = _format_checks(
         "kv",
-        formats,
+        kv_formats,
         lambda name: run_kv_format_check(name, backend),
         lambda name, check: (
             f"attention and the K/V write on {name} K/V ({backend.value}): max error {check.max_error:.1e} "
             f"against float32 K/V (tolerance {check.tolerance:.0e})"
         ),
     )
+    adapters = _format_checks(
+        "adapters",
+        adapter_formats,
+        lambda name: run_adapter_format_check(name, backend),
+        lambda name, check: (
+            f"sgmv_fused on {name} adapter rows ({backend.value}): max error {check.max_error:.1e} "
+            f"against float32 adapters (tolerance {check.tolerance:.0e})"
+        ),
+    )
+    return kv + adapters
 
 
 def _format_checks(

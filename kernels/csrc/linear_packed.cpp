@@ -37,6 +37,7 @@
 #include <vector>
 #include <xmmintrin.h>
 
+#include "bf16.h"
 #include "ops.h"
 #include "vec_wide.h"
 
@@ -52,30 +53,22 @@ constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
 constexpr int64_t kRowsPerPass = 128;
 constexpr int kLineBytes = 64;
 
-// One panel row's kWideLanes weights from `p`, widened to fp32.
+// One panel row's kWideLanes weights from `p`, widened to fp32 (bf16: a zero-extend and a shift, bf16.h).
 inline FW load_weights(const float* p) { return loadw(p); }
+inline FW load_weights(const c10::BFloat16* p) { return loadw(p); }
 
 #if LORAPLEX_AVX512
-inline FW load_weights(const c10::BFloat16* p) {  // bf16 is fp32's high half: widen and shift
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))};
-}
 inline FW load_weights(const int8_t* p) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes))};
 }
 #elif LORAPLEX_AVX2
-inline FW load_weights(const c10::BFloat16* p) {
-  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16))};
-}
 inline FW load_weights(const int8_t* p) {
   const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))};
 }
 #else
-template <typename W>
-inline FW load_weights(const W* p) {
+inline FW load_weights(const int8_t* p) {
   alignas(32) float widened[kWideLanes];
   for (int i = 0; i < kWideLanes; ++i) widened[i] = static_cast<float>(p[i]);
   return loadw(widened);

@@ -25,7 +25,7 @@ void rope_kv_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
 // silu(gate) * up from gate_up [T, 2I] (kernels/silu_mul.py).
 at::Tensor silu_mul(const at::Tensor& gate_up);
 
-// y += (x @ A^T) @ B^T per item of a module group's adapter rows, read from the pool in place
+// y += (x @ A^T) @ B^T per item of a module group's adapter rows, read in place from the fp32 or bf16 pool
 // (kernels/sgmv_fused_native.py).
 void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_offset, const at::Tensor& token_ids,
                 const at::Tensor& item_starts, const at::Tensor& row_start_a, const at::Tensor& row_start_b,

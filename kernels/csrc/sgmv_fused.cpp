@@ -8,16 +8,21 @@
 //   y[token_k, out_offset:out_offset + out_dim] += sum_j v[k, j] * Bt_j
 // Both products run on register tiles (see kShrinkTokens below). Different modules write different columns
 // of y and different tiles different rows, so the work items run on the threads with no locking.
+//
+// The pool holds the rows in fp32, or in bf16 (bf16 mode's pool): bf16 rows are widened to fp32 as they are
+// loaded into registers (exact), so x, v and the sums are fp32 either way and a bf16 pool halves the bytes
+// the op streams. The kernels below are written once over the pool's element type T.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <vector>
 
+#include "bf16.h"
 #include "ops.h"
-#include "vec_wide.h"
 
 namespace loraplex {
 namespace {
@@ -39,7 +44,7 @@ struct Problem {
   int64_t x_stride;
   float* y;
   int64_t y_stride;
-  const float* pool;  // storage + layer_offset: row addresses index from here
+  const void* pool;  // storage + layer_offset, float or c10::BFloat16: row addresses index from here
   int64_t in_dim;
   int64_t num_modules;
   const int32_t* token_ids;
@@ -61,9 +66,9 @@ constexpr int kShrinkTokens = 2;
 constexpr int kShrinkRanks = 4;
 constexpr int kExpandTokens = 4;
 
-// v[t * v_stride + j] = x_t . a_j for kT tokens and kR rows of A
-template <int kT, int kR>
-void shrink_block(const float* const* x, const float* const* a, int64_t in_dim, float* v, int v_stride) {
+// v[t * v_stride + j] = x_t . a_j for kT tokens and kR rows of A (fp32 or bf16 elements)
+template <int kT, int kR, typename T>
+void shrink_block(const float* const* x, const T* const* a, int64_t in_dim, float* v, int v_stride) {
   FW wide[kT][kR];
   for (auto& row : wide)
     for (auto& c : row) c = zerow();
@@ -75,7 +80,7 @@ void shrink_block(const float* const* x, const float* const* a, int64_t in_dim, 
       pinw(xs[t]);
     }
     for (int j = 0; j < kR; ++j) {
-      const FW aj = loadw(a[j] + d);
+      const FW aj = loadw(a[j] + d);  // bf16: widened in the register
       for (int t = 0; t < kT; ++t) wide[t][j] = fmaw(xs[t], aj, wide[t][j]);
     }
   }
@@ -91,14 +96,15 @@ void shrink_block(const float* const* x, const float* const* a, int64_t in_dim, 
   for (int t = 0; t < kT; ++t) {
     for (int j = 0; j < kR; ++j) {
       float sum = hsum8(acc[t][j]);
-      for (int64_t e = d; e < in_dim; ++e) sum += x[t][e] * a[j][e];
+      // Fused as the lanes are, whatever the compiler contracts: fp32 and bf16 rows give the same bits.
+      for (int64_t e = d; e < in_dim; ++e) sum = std::fma(x[t][e], widen(a[j][e]), sum);
       v[t * v_stride + j] = sum;
     }
   }
 }
 
-template <int kT>
-void shrink_tokens(const float* const* x, const float* const* a, int rank, int64_t in_dim, float* v) {
+template <int kT, typename T>
+void shrink_tokens(const float* const* x, const T* const* a, int rank, int64_t in_dim, float* v) {
   int j = 0;
   for (; j + kShrinkRanks <= rank; j += kShrinkRanks) shrink_block<kT, kShrinkRanks>(x, a + j, in_dim, v + j, rank);
   switch (rank - j) {
@@ -117,9 +123,9 @@ void shrink_tokens(const float* const* x, const float* const* a, int rank, int64
 }
 
 // y_t[c:c + kWidth lanes of Vec] += sum_j v[t * rank + j] * bt_j[same] for kT tokens, held in registers
-// across the rank
-template <int kT, int kWidth, typename Vec>
-void expand_span(float* const* y, const float* v, const float* const* bt, int rank, int64_t c) {
+// across the rank (bt rows fp32 or bf16)
+template <int kT, int kWidth, typename Vec, typename T>
+void expand_span(float* const* y, const float* v, const T* const* bt, int rank, int64_t c) {
   using Op = VecOps<Vec>;
   Vec acc[kT][kWidth];
   for (int t = 0; t < kT; ++t)
@@ -127,7 +133,7 @@ void expand_span(float* const* y, const float* v, const float* const* bt, int ra
   for (int j = 0; j < rank; ++j) {
     Vec b[kWidth];
     for (int w = 0; w < kWidth; ++w) {
-      b[w] = Op::load(bt[j] + c + w * Op::kCount);
+      b[w] = load_lanes<Vec>(bt[j] + c + w * Op::kCount);
       Op::pin(b[w]);
     }
     for (int t = 0; t < kT; ++t) {
@@ -140,21 +146,23 @@ void expand_span(float* const* y, const float* v, const float* const* bt, int ra
 }
 
 // y_t[0:n] += sum_j v[t * rank + j] * bt_j[0:n] for kT tokens
-template <int kT>
-void expand_tokens(float* const* y, const float* v, const float* const* bt, int rank, int64_t n) {
+template <int kT, typename T>
+void expand_tokens(float* const* y, const float* v, const T* const* bt, int rank, int64_t n) {
   int64_t c = 0;
   for (; c + 2 * kWideLanes <= n; c += 2 * kWideLanes) expand_span<kT, 2, FW>(y, v, bt, rank, c);
   for (; c + kLanes <= n; c += kLanes) expand_span<kT, 1, F8>(y, v, bt, rank, c);  // a last 8-24 columns
   for (int t = 0; t < kT; ++t) {  // a last 0-7 columns
     for (int64_t col = c; col < n; ++col) {
       float acc = y[t][col];
-      for (int j = 0; j < rank; ++j) acc += v[t * rank + j] * bt[j][col];
+      for (int j = 0; j < rank; ++j) acc = std::fma(v[t * rank + j], widen(bt[j][col]), acc);  // see the shrink
       y[t][col] = acc;
     }
   }
 }
 
-void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::vector<const float*>& rows) {
+template <typename T>
+void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::vector<const T*>& rows) {
+  const T* pool = static_cast<const T*>(pb.pool);
   const int64_t at = static_cast<int64_t>(tile.item) * pb.num_modules + tile.module;
   const int rank = pb.ranks[at];
   const int32_t* tokens = pb.token_ids + pb.item_starts[tile.item] + tile.first;
@@ -169,14 +177,14 @@ void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::v
     y[k] = pb.y + tokens[k] * pb.y_stride + out_offset;
   }
 
-  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_a[at] + j];
+  for (int j = 0; j < rank; ++j) rows[j] = pool + pb.row_addr[pb.row_start_a[at] + j];
   int k = 0;
   for (; k + kShrinkTokens <= num_tokens; k += kShrinkTokens) {
     shrink_tokens<kShrinkTokens>(x + k, rows.data(), rank, pb.in_dim, v.data() + static_cast<size_t>(k) * rank);
   }
   if (k < num_tokens) shrink_tokens<1>(x + k, rows.data(), rank, pb.in_dim, v.data() + static_cast<size_t>(k) * rank);
 
-  for (int j = 0; j < rank; ++j) rows[j] = pb.pool + pb.row_addr[pb.row_start_b[at] + j];
+  for (int j = 0; j < rank; ++j) rows[j] = pool + pb.row_addr[pb.row_start_b[at] + j];
   k = 0;
   for (; k + kExpandTokens <= num_tokens; k += kExpandTokens) {
     expand_tokens<kExpandTokens>(y + k, v.data() + static_cast<size_t>(k) * rank, rows.data(), rank, out_dim);
@@ -198,6 +206,27 @@ void run_tile(const Problem& pb, const Tile& tile, std::vector<float>& v, std::v
   }
 }
 
+// Every tile on up to num_threads threads, each taking the next tile not yet taken.
+template <typename T>
+void run_tiles(const Problem& pb, const std::vector<Tile>& tiles, int64_t num_threads) {
+  std::atomic<size_t> next{0};
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+  {
+    std::vector<float> v;
+    std::vector<const T*> rows;
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < tiles.size();
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      run_tile<T>(pb, tiles[i], v, rows);
+    }
+  }
+}
+
+// The pool's element layer_offset (row addresses count the pool's own elements, fp32 or bf16).
+const void* pool_at(const at::Tensor& storage, int64_t layer_offset) {
+  if (storage.scalar_type() == at::kBFloat16) return storage.data_ptr<c10::BFloat16>() + layer_offset;
+  return storage.data_ptr<float>() + layer_offset;
+}
+
 void check_int_tensor(const at::Tensor& t, at::ScalarType dtype, const char* name, at::IntArrayRef shape) {
   TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.is_contiguous() && t.device().is_cpu(), "sgmv_fused: ", name,
                     " must be a contiguous ", dtype, " CPU tensor");
@@ -216,8 +245,10 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
   TORCH_CHECK_VALUE(y.dim() == 2 && y.scalar_type() == at::kFloat && y.device().is_cpu() && y.stride(1) == 1 &&
                         y.size(0) == x.size(0),
                     "sgmv_fused: y must be a float32 CPU tensor [num_tokens, y_width] with contiguous rows");
-  TORCH_CHECK_VALUE(storage.scalar_type() == at::kFloat && storage.is_contiguous() && storage.device().is_cpu(),
-                    "sgmv_fused: storage must be the contiguous float32 page pool");
+  const bool bf16_pool = storage.scalar_type() == at::kBFloat16;
+  TORCH_CHECK_VALUE((bf16_pool || storage.scalar_type() == at::kFloat) && storage.is_contiguous() &&
+                        storage.device().is_cpu(),
+                    "sgmv_fused: storage must be the contiguous float32 or bfloat16 page pool");
   const int64_t num_items = item_starts.numel() - 1, num_modules = out_dims.numel();
   TORCH_CHECK_VALUE(num_items >= 0 && num_modules >= 1, "sgmv_fused: need item_starts and one module at least");
   check_int_tensor(item_starts, at::kInt, "item_starts", {num_items + 1});
@@ -231,7 +262,7 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
 
   Problem pb{x.data_ptr<float>(),         x.stride(0),
              y.data_ptr<float>(),         y.stride(0),
-             storage.data_ptr<float>() + layer_offset,
+             pool_at(storage, layer_offset),
              x.size(1),                   num_modules,
              token_ids.data_ptr<int32_t>(), item_starts.data_ptr<int32_t>(),
              row_start_a.data_ptr<int32_t>(), row_start_b.data_ptr<int32_t>(),
@@ -278,15 +309,10 @@ void sgmv_fused(const at::Tensor& x, const at::Tensor& storage, int64_t layer_of
   if (tiles.empty()) return;
   const int64_t num_threads =
       macs < kMinParallelMacs ? 1 : std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
-  std::atomic<size_t> next{0};
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
-  {
-    std::vector<float> v;
-    std::vector<const float*> rows;
-    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < tiles.size();
-         i = next.fetch_add(1, std::memory_order_relaxed)) {
-      run_tile(pb, tiles[i], v, rows);
-    }
+  if (bf16_pool) {
+    run_tiles<c10::BFloat16>(pb, tiles, num_threads);
+  } else {
+    run_tiles<float>(pb, tiles, num_threads);
   }
 }
 

@@ -22,6 +22,7 @@ from tests.native_required import native_should_build, require_native_ops
 OPS = ("paged_attention", "sgmv_fused", "add_rms_norm", "rope_kv_write", "silu_mul", "linear", "argmax_rows")
 WEIGHT_FORMATS = ("bfloat16", "int8")
 KV_FORMATS = ("bfloat16",)
+ADAPTER_FORMATS = ("bfloat16",)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,13 @@ def test_cpu_path_report(tmp_path: Path, tiny_model: Path, native_builds: bool) 
     for kv_format in KV_FORMATS:
         status, detail = rows[f"kv {kv_format}"]
         assert (status == "ok" and "against float32 K/V" in detail) if native_builds else status == "skip", detail
-    num_ok = 2 + 1 + 1 + len(WEIGHT_FORMATS) + ((len(OPS) + len(KV_FORMATS)) if native_builds else 0)
-    num_checks = 4 + 2 * len(OPS) + len(WEIGHT_FORMATS) + len(KV_FORMATS)
+    for adapter_format in ADAPTER_FORMATS:
+        status, detail = rows[f"adapters {adapter_format}"]
+        expected = status == "ok" and "against float32 adapters" in detail
+        assert expected if native_builds else status == "skip", detail
+    num_pool_formats = len(KV_FORMATS) + len(ADAPTER_FORMATS)
+    num_ok = 2 + 1 + 1 + len(WEIGHT_FORMATS) + ((len(OPS) + num_pool_formats) if native_builds else 0)
+    num_checks = 4 + 2 * len(OPS) + len(WEIGHT_FORMATS) + num_pool_formats
     assert result.stdout.splitlines()[-1] == f"{num_ok} passed, 0 failed, {num_checks - num_ok} skipped"
 
 
@@ -101,6 +107,7 @@ def test_json_report(tmp_path: Path, tiny_model: Path, native_builds: bool) -> N
         *(f"native {op}" for op in OPS),
         *(f"weights {name}" for name in WEIGHT_FORMATS),
         *(f"kv {name}" for name in KV_FORMATS),
+        *(f"adapters {name}" for name in ADAPTER_FORMATS),
         *(f"cuda {op}" for op in OPS),
         "generate",
     ]
@@ -220,3 +227,16 @@ def test_kv_check_measures_the_rounding_and_catches_a_wrong_write(
     assert check.passed and 1e-3 < check.max_error < check.tolerance, check
     monkeypatch.setattr(op_checks, "paged_attention", PERTURBED["paged_attention"](op_checks.paged_attention))
     assert not op_checks.run_kv_format_check("bfloat16", KernelBackend.NATIVE).passed
+
+
+def test_adapter_check_measures_the_rounding_and_catches_a_wrong_sgmv(
+    native_builds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SGMV over bf16 adapter rows against float32 rows errs by the rows' rounding alone, well inside the
+    tolerance; a delta off by 1 % fails it."""
+    if not native_builds:
+        pytest.skip(f"the native kernels are not built here: {unavailable_reason()}")
+    check = op_checks.run_adapter_format_check("bfloat16", KernelBackend.NATIVE)
+    assert check.passed and 5e-4 < check.max_error < check.tolerance, check
+    monkeypatch.setattr(op_checks, "sgmv_fused", PERTURBED["sgmv_fused"](op_checks.sgmv_fused))
+    assert not op_checks.run_adapter_format_check("bfloat16", KernelBackend.NATIVE).passed

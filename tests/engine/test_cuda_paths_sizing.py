@@ -98,8 +98,7 @@ def test_make_pool_reads_free_memory_on_cuda_only_without_pool_bytes(monkeypatch
     cuda = torch.device("cuda", 0)
     make_pool(CONFIG, SMOLLM2, torch.bfloat16, cuda)
     assert asked == [cuda]
-    # the K/V dtype None: the K/V in the pool's dtype, as on CUDA
-    assert built[-1] == (int(3 * GIB * 0.85) // BF16_PAGE_BYTES, 30, BLOCK_SIZE, 3, 64, torch.bfloat16, cuda, None)
+    assert built[-1] == (int(3 * GIB * 0.85) // BF16_PAGE_BYTES, 30, BLOCK_SIZE, 3, 64, torch.bfloat16, cuda)
     make_pool(EngineConfig(model="unused", pool_bytes=GIB), SMOLLM2, torch.bfloat16, cuda)
     make_pool(CONFIG, SMOLLM2, torch.float32, torch.device("cpu"))
     assert asked == [cuda], "an explicit pool_bytes, or the CPU, never asks the GPU"

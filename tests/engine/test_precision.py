@@ -19,6 +19,7 @@ from tests.engine.lora_helpers import make_peft_adapter
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42]]
 LOGPROB_TOLERANCE = 0.25  # |logprob - fp32's| on the tiny random model; the real bounds: bench_quality
+GREEDY_TOKENS = 8  # greedy tokens compared with an adapter (the tiny model's top logits are well apart)
 
 
 @pytest.fixture
@@ -95,9 +96,7 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
         request.getfixturevalue("native_built")
     reference = prompt_logprobs(make_engine(tiny_llama, kernels=kernels))
     engine = make_engine(tiny_llama, kernels=kernels, dtype=dtype, quantization=quantization)
-    assert engine.pool.storage.dtype == activations  # adapters
-    assert engine.pool.kv_storage.dtype == kv
-    assert engine.pool.kv_storage.data_ptr() == engine.pool.storage.data_ptr()  # the same pages
+    assert engine.pool.storage.dtype == kv  # one pool: K/V and adapters alike
     assert engine.model.weights.embed.dtype == activations
     qkv = engine.model.weights.layers[0].qkv
     if weights is not None:
@@ -112,25 +111,41 @@ def test_each_mode_stores_what_it_says_and_scores_close_to_float32(
     assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) <= LOGPROB_TOLERANCE
 
 
-def test_native_bf16_kv_doubles_the_pool_and_serves_adapters_beside_it(
-    tiny_llama: Path, native_built: None, tmp_path: Path
-) -> None:
-    """bf16 K/V on the native kernels: twice the pages in the same bytes, and an adapter's fp32 rows in the
-    same pool as a running batch's bf16 K/V, scoring close to the float32 engine with and without it."""
+def test_native_bf16_pool_holds_kv_and_adapters_in_bf16(tiny_llama: Path, native_built: None, tmp_path: Path) -> None:
+    """bf16 mode on the native kernels: one bf16 pool with twice the pages of float32 in the same bytes; an
+    adapter's pages are its float32 pages rounded to bf16 (nearest even, once, the scale folded in), so it
+    takes half the bytes; with it the engine scores close to the float32 engine and to the torch kernels'
+    bf16 engine, and greedy decoding with it continues as theirs do."""
     adapter = make_peft_adapter(tiny_llama, tmp_path / "adapter", seed=5, r=8, target_modules="all-linear")
-    engines = {dtype: make_engine(tiny_llama, kernels="native", dtype=dtype) for dtype in ("float32", "bfloat16")}
+    engines = {
+        "float32": make_engine(tiny_llama, kernels="native", dtype="float32"),
+        "bfloat16": make_engine(tiny_llama, kernels="native", dtype="bfloat16"),
+        "torch_bfloat16": make_engine(tiny_llama, kernels="torch", dtype="bfloat16"),
+    }
     fp32, bf16 = engines["float32"], engines["bfloat16"]
+    assert bf16.pool.storage.dtype == torch.bfloat16  # K/V and adapters alike
     assert bf16.pool.num_pages == 2 * fp32.pool.num_pages  # the same pool_bytes
     assert bf16.stats().page_bytes * 2 == fp32.stats().page_bytes
-    scores = {}
+    scores, greedy = {}, {}
     for dtype, engine in engines.items():
         engine.add_adapter("a", adapter)
         params = SamplingParams(max_tokens=0, prompt_logprobs=0)
         outputs = engine.generate(PROMPTS * 2, params, adapters=[None, None, "a", "a"])
         scores[dtype] = [p.logprob for output in outputs for p in output.prompt_logprobs[1:]]
-    owners = bf16.pool.stats().pages_by_owner
-    assert owners["adapter"] > 0  # still resident beside the K/V the batch wrote
+        greedy_params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
+        greedy[dtype] = engine.generate(PROMPTS, greedy_params, adapters=["a", "a"])
+    assert bf16.pool.stats().pages_by_owner["adapter"] > 0  # still resident beside the K/V the batches wrote
+    entries = {dtype: engine.adapters.get("a") for dtype, engine in engines.items()}
+    assert entries["bfloat16"].layout.num_pages == entries["float32"].layout.num_pages  # P elements a page each
+    assert entries["bfloat16"].host_bytes * 2 == entries["float32"].host_bytes
+    assert torch.equal(entries["bfloat16"].host, entries["float32"].host.to(torch.bfloat16))
+    resident = bf16.pool.storage[entries["bfloat16"].page_ids]  # [pages, L, P], the rows the SGMV op reads
+    assert torch.equal(resident, entries["bfloat16"].host)
+    assert bf16.adapters.capacity() >= 2 * fp32.adapters.capacity() - 1
     half = len(scores["float32"]) // 2
     assert scores["float32"][:half] != scores["float32"][half:]  # the adapter changes the scores
-    diffs = [abs(a - b) for a, b in zip(scores["bfloat16"], scores["float32"], strict=True)]
-    assert max(diffs) <= LOGPROB_TOLERANCE
+    for other in ("float32", "torch_bfloat16"):
+        diffs = [abs(a - b) for a, b in zip(scores["bfloat16"], scores[other], strict=True)]
+        assert max(diffs) <= LOGPROB_TOLERANCE, other
+        for ours, theirs in zip(greedy["bfloat16"], greedy[other], strict=True):
+            assert ours.token_ids == theirs.token_ids, other

@@ -1,6 +1,15 @@
 """The native fused shrink + expand against the float64 reference and the torch implementation: mixed ranks,
-popularities, odd widths, every layer, one adapter's tokens scattered through the step, bad inputs."""
+popularities, odd widths, every layer, one adapter's tokens scattered through the step, bad inputs; and the
+same on a bf16 pool (bf16 mode's), whose rows the op widens to fp32 as it reads them.
 
+Tolerances: 1e-4 against float64 on fp32 pools (summation order). On a bf16 pool the reference is computed on
+the same bf16 values (exact in float64); widening is exact, so the op meets the same 1e-4 and gives the very
+bits it gives on a float32 pool holding those values.
+
+Run under LORAPLEX_NATIVE_MARCH=haswell too (tests/kernels/test_avx2_build.py), to test the AVX2 paths.
+"""
+
+import dataclasses
 import random
 
 import pytest
@@ -118,3 +127,63 @@ def test_rejects_bad_inputs_and_another_steps_plan(seed: int):
         sgmv_fused_native(x, storage, meta, offset, y, plan_sgmv_native(other))
     with pytest.raises(ValueError, match="plan_sgmv_native"):
         sgmv_fused(x, storage, meta, offset, y, plan_sgmv_fused_torch(storage, meta), KernelBackend.NATIVE)
+
+
+def bf16_case(group: str, ranks: list[int], popularity: str, num_tokens: int, seed: int) -> Case:
+    """A case whose pool (adapter rows and the noise around them) is bf16, beside float32 x, v and y."""
+    case = make_case(group, ranks, popularity, num_tokens, torch.bfloat16, seed)
+    return dataclasses.replace(case, x=case.x.float(), v=case.v.float(), y=case.y.float())
+
+
+def check_bf16_pool(case: Case, seed: int, layer: int = LAYER) -> None:
+    """On the bf16 pool: y as the reference on the bf16 values, the same bits as on a float32 pool holding them,
+    nothing outside the blocks touched."""
+    assert case.storage.dtype == torch.bfloat16 and case.x.dtype == torch.float32
+    _, y_mask = written(case)
+    expected = reference_fused(case, layer)  # [num_tokens, y_width] float64
+    plan = plan_sgmv_native(case.meta)
+    on_fp32 = case.y.clone()
+    sgmv_fused_native(case.x, case.storage.float(), case.meta, layer * PAGE_SIZE, on_fp32, plan)
+    for run in (
+        lambda y: sgmv_fused(case.x, case.storage, case.meta, layer * PAGE_SIZE, y, plan, KernelBackend.NATIVE),
+        lambda y: sgmv_fused_native(case.x, case.storage, case.meta, layer * PAGE_SIZE, y),
+    ):
+        y = case.y.clone()
+        run(y)
+        assert_close(y.double(), expected, 1e-4, seed)
+        assert torch.equal(y, on_fp32), f"bf16 rows read differently from their fp32 values, seed={seed}"
+        assert torch.equal(y[~y_mask], case.y[~y_mask]), f"touched rows it does not own, seed={seed}"
+
+
+@pytest.mark.parametrize("popularity", POPULARITY)
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_bf16_pool_mixed_ranks_match_reference(group: str, popularity: str, seed: int):
+    check_bf16_pool(bf16_case(group, [1, 7, 16, 64], popularity, num_tokens=37, seed=seed), seed)
+
+
+@pytest.mark.parametrize("rank", [1, 7, 16, 64])
+@pytest.mark.parametrize("num_tokens", [1, 13, LONG_TOKENS])
+def test_bf16_pool_each_rank_matches_reference(rank: int, num_tokens: int, seed: int):
+    check_bf16_pool(bf16_case("odd", [rank], "uniform", num_tokens, seed), seed)
+
+
+def test_bf16_pool_every_layer_and_prime_batch_sizes(seed: int):
+    for num_tokens in (2, 3, 5, 17, 41, 53):
+        case = bf16_case("qkv", [1, 7, 16, 64], "skewed", num_tokens, seed + num_tokens)
+        for layer in range(NUM_LAYERS):
+            check_bf16_pool(case, seed + num_tokens, layer=layer)
+
+
+def test_bf16_pool_rejects_other_pools_and_reads_within_its_own(seed: int):
+    """Row addresses count the pool's own elements: the bound check is in bf16 elements, and a float16 pool
+    (or a bf16 x beside it) is refused with what to pass."""
+    case = bf16_case("qkv", [7], "identical", num_tokens=5, seed=seed)
+    x, storage, meta, y = case.x, case.storage, case.meta, case.y
+    with pytest.raises(ValueError, match="past the pool"):
+        sgmv_fused_native(x, storage, meta, storage.numel() - PAGE_SIZE, y)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        sgmv_fused(x, storage.half(), meta, LAYER * PAGE_SIZE, y, backend=KernelBackend.NATIVE)
+    with pytest.raises(ValueError, match="float32 or bfloat16 page pool"):
+        sgmv_fused_native(x, storage.half(), meta, LAYER * PAGE_SIZE, y)
+    with pytest.raises(ValueError, match="x must be a float32"):
+        sgmv_fused_native(x.bfloat16(), storage, meta, LAYER * PAGE_SIZE, y)
