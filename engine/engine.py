@@ -24,6 +24,7 @@ from engine.model import LlamaModel
 from engine.outputs import EngineStats, RequestOutput
 from engine.page_pool import make_pool
 from engine.precision import dtype_name
+from engine.request_limits import RequestLimits
 from engine.request_queue import FifoQueue, RequestQueue
 from engine.sampler import sample
 from engine.sampling_batch import build_sampling_batch
@@ -68,6 +69,13 @@ class Engine:
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
         self.pool = make_pool(config, self.model_config, self.precision.kv_dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
+        self.limits = RequestLimits(
+            self.model_config.vocab_size,
+            config.max_num_seqs,
+            self.max_model_len,
+            self.pool.num_pages,
+            self.pool.block_size,
+        )
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
         self.speculator = (
             Speculator(
@@ -152,28 +160,7 @@ class Engine:
         """
         entry = self.adapters.get(adapter) if adapter is not None else None
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not prompt_ids:
-            raise RequestError("the prompt is empty; send at least one token")
-        vocab_size = self.model_config.vocab_size
-        if any(not 0 <= token < vocab_size for token in prompt_ids):
-            raise RequestError(f"prompt token ids must be within [0, {vocab_size}), the model's vocabulary")
-        if any(not 0 <= token < vocab_size for token, _ in params.logit_bias):
-            raise RequestError(f"logit_bias token ids must be within [0, {vocab_size}), the model's vocabulary")
-        if params.n > self.config.max_num_seqs:
-            raise RequestError(f"n ({params.n}) exceeds the engine's max_num_seqs ({self.config.max_num_seqs})")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise RequestError(
-                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-                f"model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
-        adapter_pages = entry.layout.num_pages if entry is not None else 0
-        if self.kv.num_blocks_for(total) + adapter_pages > self.pool.num_pages:
-            raise RequestError(
-                f"a request of {total} tokens{' and its adapter' if entry else ''} cannot fit the page pool "
-                f"({self.pool.num_pages} pages of {self.pool.block_size} tokens); lower max_tokens or give the "
-                "engine more memory"
-            )
+        self.limits.check(prompt_ids, params, entry.layout.num_pages if entry is not None else None)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")

@@ -9,7 +9,8 @@ Reports medians of repeated runs: the per-step cost (metadata and plan), the per
 576 -> 960 as ``F.linear`` and as the engine's oneDNN-packed linear.
 
 ``--pages`` measures the native fused op (the engine's on CPU) on float32 adapter pages against bf16 pages
-(bf16 mode's pool): a decode step's LoRA of all 30 layers and the four projection groups, through the
+(bf16 mode's pool): a decode step's LoRA of every layer of the configured model (the default model's 30)
+and the four projection groups, through the
 engine's own layout, packing and step tables, rank-8/16/32 adapters on every projection. Both pools hold
 the same values (the float32 pool holds the bf16 rows widened), rounds alternate the two, and each step
 reports both medians (wall and CPU time), the speedup and the largest difference of the outputs; then
@@ -32,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from app.model_store import resolve_model
+from app.settings import Settings
 from engine.adapter_cache import AdapterEntry
 from engine.adapter_layout import pack_pages, pages_for_rank, plan_layout
 from engine.config import ModelConfig
@@ -52,22 +55,6 @@ IN_DIM = 576
 OUT_DIMS = (576, 192, 192)
 NUM_TOKENS = 64
 RANKS = (8, 16, 32)
-# SmolLM2-135M's shapes, for the --pages steps: 30 layers, 3 kv heads of 64, rows up to 1536 wide.
-SMOLLM2 = ModelConfig.from_dict(
-    {
-        "model_type": "llama",
-        "vocab_size": 49152,
-        "hidden_size": 576,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True,
-    }
-)
-BLOCK_SIZE = 16
 PAGE_STEPS = ((64, 16), (64, 1), (8, 8))  # (decode tokens, adapters) of the --pages steps
 CAPACITY_RANKS = (8, 16)
 
@@ -164,9 +151,9 @@ def measure(num_adapters: int, sort_tokens: bool, repeats: int, seed: int) -> di
     }
 
 
-def random_adapter(rank: int, gen: torch.Generator) -> LoraAdapter:
+def random_adapter(cfg: ModelConfig, rank: int, gen: torch.Generator) -> LoraAdapter:
     """A rank-``rank`` LoRA on every projection, A rows of unit norm and B of LoRA-like scale."""
-    shapes = projection_shapes(SMOLLM2)
+    shapes = projection_shapes(cfg)
     layers = tuple(
         {
             module: LoraWeights(
@@ -175,25 +162,27 @@ def random_adapter(rank: int, gen: torch.Generator) -> LoraAdapter:
             )
             for module, (in_dim, out_dim) in shapes.items()
         }
-        for _ in range(SMOLLM2.num_layers)
+        for _ in range(cfg.num_layers)
     )
     ranks = dict.fromkeys(PROJECTIONS, rank)
     return LoraAdapter(f"bench-{rank}", 0, PROJECTIONS, ranks, layers, float(rank), False, None)
 
 
-def adapter_pools(num_adapters: int, rng: random.Random) -> tuple[dict[str, torch.Tensor], list[AdapterEntry]]:
+def adapter_pools(
+    cfg: ModelConfig, num_adapters: int, rng: random.Random
+) -> tuple[dict[str, torch.Tensor], list[AdapterEntry]]:
     """``num_adapters`` adapters placed as the engine places them, one after another: the bf16 pool and a
-    float32 pool holding the same values, [num_pages, 30, P] each; the adapters' entries (resident)."""
-    page_elems = SMOLLM2.page_elems(BLOCK_SIZE)
+    float32 pool holding the same values, [num_pages, num_layers, P] each; the adapters' entries (resident)."""
+    page_elems = cfg.page_elems(cfg.pick_block_size())
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     entries, images = [], []
     for index in range(num_adapters):
-        adapter = random_adapter(rng.choice(RANKS), gen)
-        layout = plan_layout(adapter, SMOLLM2, page_elems)
+        adapter = random_adapter(cfg, rng.choice(RANKS), gen)
+        layout = plan_layout(adapter, cfg, page_elems)
         first = sum(image.shape[0] for image in images)
-        images.append(pack_pages(adapter, layout, SMOLLM2.num_layers, page_elems, torch.bfloat16))  # [pages, L, P]
+        images.append(pack_pages(adapter, layout, cfg.num_layers, page_elems, torch.bfloat16))  # [pages, L, P]
         page_ids = list(range(first, first + layout.num_pages))
-        row_addr = layout.row_addr(page_ids, SMOLLM2.num_layers, page_elems)  # [num_rows]
+        row_addr = layout.row_addr(page_ids, cfg.num_layers, page_elems)  # [num_rows]
         entries.append(
             AdapterEntry(
                 name=f"a{index}",
@@ -218,23 +207,23 @@ def lora_step_ms(
 ) -> float:
     """A decode step's LoRA: each group's fused op at every layer, as the model runs it; ms on ``clock``."""
     start = clock()
-    for layer in range(NUM_LAYERS):
+    for layer in range(storage.shape[1]):
         for name in MODULE_GROUPS:
             step.apply(name, xs[name], ys[name], layer, storage)
     return (clock() - start) * 1e3
 
 
-def measure_pages(num_tokens: int, num_adapters: int, rounds: int, seed: int) -> dict[str, float]:
+def measure_pages(cfg: ModelConfig, num_tokens: int, num_adapters: int, rounds: int, seed: int) -> dict[str, float]:
     """One decode step of ``num_tokens`` tokens over ``num_adapters`` adapters (tokens sorted by adapter, each
     adapter at least once) on fp32 pages and on bf16 pages, alternated round by round."""
     rng = random.Random(seed)
-    pools, entries = adapter_pools(num_adapters, rng)
+    pools, entries = adapter_pools(cfg, num_adapters, rng)
     token_adapters = [*range(num_adapters), *(rng.randrange(num_adapters) for _ in range(num_tokens - num_adapters))]
     runs = [(1, entries[a]) for a in sorted(token_adapters)]  # consecutive tokens of an adapter: one segment
-    shapes = projection_shapes(SMOLLM2)
+    shapes = projection_shapes(cfg)
     xs = {name: torch.randn(num_tokens, shapes[modules[0]][0]) for name, modules in MODULE_GROUPS.items()}
     widths = {name: sum(shapes[m][1] for m in modules) for name, modules in MODULE_GROUPS.items()}
-    steps = {name: build_lora_step(runs, SMOLLM2, pool, KernelBackend.NATIVE) for name, pool in pools.items()}
+    steps = {name: build_lora_step(runs, cfg, pool, KernelBackend.NATIVE) for name, pool in pools.items()}
     ys = {name: torch.zeros(num_tokens, width) for name, width in widths.items()}  # [tokens, group width]
     times: dict[str, list[float]] = {name: [] for name in pools}
     cpu_times: dict[str, list[float]] = {name: [] for name in pools}
@@ -264,24 +253,28 @@ def measure_pages(num_tokens: int, num_adapters: int, rounds: int, seed: int) ->
     }
 
 
-def adapters_per_gib() -> dict[str, int]:
+def adapters_per_gib(cfg: ModelConfig) -> dict[str, int]:
     """Rank-r adapters on every projection a GiB of pool holds, with float32 and with bf16 pages."""
-    page_elems = SMOLLM2.page_elems(BLOCK_SIZE)
+    block_size = cfg.pick_block_size()
+    page_elems = cfg.page_elems(block_size)
     counts = {}
     for rank in CAPACITY_RANKS:
-        pages = pages_for_rank(SMOLLM2, rank, page_elems)
+        pages = pages_for_rank(cfg, rank, page_elems)
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            counts[f"{name}_rank{rank}_adapters_per_gib"] = 2**30 // (pages * page_bytes(SMOLLM2, BLOCK_SIZE, dtype))
+            counts[f"{name}_rank{rank}_adapters_per_gib"] = 2**30 // (pages * page_bytes(cfg, block_size, dtype))
     return counts
 
 
 def main_pages(args: argparse.Namespace) -> None:
+    settings = Settings.from_env()
+    cfg = ModelConfig.from_folder(Path(args.model or resolve_model(settings.model, settings.home)))
     results: dict = {"threads": torch.get_num_threads(), "rounds": args.rounds}
     for num_tokens, num_adapters in PAGE_STEPS:
-        entry = measure_pages(num_tokens, num_adapters, args.rounds, args.seed)
+        entry = measure_pages(cfg, num_tokens, num_adapters, args.rounds, args.seed)
         results[f"decode_{num_tokens}_over_{num_adapters}"] = entry
-        sys.stdout.write(f"LoRA of a decode step (30 layers): {', '.join(f'{k} {v}' for k, v in entry.items())}\n")
-    results.update(adapters_per_gib())
+        summary = ", ".join(f"{k} {v}" for k, v in entry.items())
+        sys.stdout.write(f"LoRA of a decode step ({cfg.num_layers} layers): {summary}\n")
+    results.update(adapters_per_gib(cfg))
     sys.stdout.write(f"{json.dumps(results) if args.json else results}\n")
 
 
@@ -293,6 +286,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--pages", action="store_true", help="the native op on fp32 against bf16 adapter pages")
     parser.add_argument("--rounds", type=int, default=9, help="with --pages: alternated rounds, medians reported")
+    parser.add_argument(
+        "--model", help="with --pages: a model folder (default: LORAPLEX_MODEL, else the default model)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

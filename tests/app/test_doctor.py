@@ -216,27 +216,24 @@ def test_half_precision_tolerances_leave_room_for_the_dtypes_rounding(dtype: tor
             assert 0 < check.max_error < check.tolerance / 5, check
 
 
-def test_kv_check_measures_the_rounding_and_catches_a_wrong_write(
-    native_builds: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """bf16 K/V against float32 K/V errs by the rounding alone, well inside the tolerance; an attention off
-    by 1 % fails it."""
-    if not native_builds:
-        pytest.skip(f"the native kernels are not built here: {unavailable_reason()}")
-    check = op_checks.run_kv_format_check("bfloat16", KernelBackend.NATIVE)
-    assert check.passed and 1e-3 < check.max_error < check.tolerance, check
-    monkeypatch.setattr(op_checks, "paged_attention", PERTURBED["paged_attention"](op_checks.paged_attention))
-    assert not op_checks.run_kv_format_check("bfloat16", KernelBackend.NATIVE).passed
+# (the check, the op it runs that a wrong kernel stands in for, the least error the bf16 rounding leaves)
+POOL_FORMAT_CHECKS = {
+    "kv": ("run_kv_format_check", "paged_attention", 1e-3),
+    "adapters": ("run_adapter_format_check", "sgmv_fused", 5e-4),
+}
 
 
-def test_adapter_check_measures_the_rounding_and_catches_a_wrong_sgmv(
-    native_builds: bool, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", POOL_FORMAT_CHECKS)
+def test_pool_format_check_measures_the_rounding_and_catches_a_wrong_op(
+    kind: str, native_builds: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The SGMV over bf16 adapter rows against float32 rows errs by the rows' rounding alone, well inside the
-    tolerance; a delta off by 1 % fails it."""
+    """Attention and the K/V write on bf16 K/V, and the SGMV over bf16 adapter rows, against float32 pages err by
+    the rounding alone, well inside the tolerance; the op off by 1 % fails the check."""
     if not native_builds:
         pytest.skip(f"the native kernels are not built here: {unavailable_reason()}")
-    check = op_checks.run_adapter_format_check("bfloat16", KernelBackend.NATIVE)
-    assert check.passed and 5e-4 < check.max_error < check.tolerance, check
-    monkeypatch.setattr(op_checks, "sgmv_fused", PERTURBED["sgmv_fused"](op_checks.sgmv_fused))
-    assert not op_checks.run_adapter_format_check("bfloat16", KernelBackend.NATIVE).passed
+    check_name, op, least_error = POOL_FORMAT_CHECKS[kind]
+    run_check = getattr(op_checks, check_name)
+    check = run_check("bfloat16", KernelBackend.NATIVE)
+    assert check.passed and least_error < check.max_error < check.tolerance, check
+    monkeypatch.setattr(op_checks, op, PERTURBED[op](getattr(op_checks, op)))
+    assert not run_check("bfloat16", KernelBackend.NATIVE).passed

@@ -45,10 +45,11 @@ def seed() -> int:
     return random.randrange(2**31)
 
 
-def check_native(case: Case, seed: int, layer: int = LAYER) -> None:
-    """Planned, unplanned and through the dispatcher: y as the reference, nothing outside the blocks touched."""
+def check_native(case: Case, seed: int, layer: int = LAYER, same_bits_as: torch.Tensor | None = None) -> None:
+    """Planned, unplanned and through the dispatcher: y as the reference, nothing outside the blocks touched, and
+    y bit for bit ``same_bits_as`` when given."""
     _, y_mask = written(case)
-    expected = reference_fused(case, layer)
+    expected = reference_fused(case, layer)  # [num_tokens, y_width] float64
     plan = plan_sgmv_native(case.meta)
     for run in (
         lambda y: sgmv_fused(case.x, case.storage, case.meta, layer * PAGE_SIZE, y, plan, KernelBackend.NATIVE),
@@ -57,6 +58,8 @@ def check_native(case: Case, seed: int, layer: int = LAYER) -> None:
         y = case.y.clone()
         run(y)
         assert_close(y.double(), expected, 1e-4, seed)
+        if same_bits_as is not None:
+            assert torch.equal(y, same_bits_as), f"bf16 rows read differently from their fp32 values, seed={seed}"
         assert torch.equal(y[~y_mask], case.y[~y_mask]), f"touched rows it does not own, seed={seed}"
 
 
@@ -139,20 +142,9 @@ def check_bf16_pool(case: Case, seed: int, layer: int = LAYER) -> None:
     """On the bf16 pool: y as the reference on the bf16 values, the same bits as on a float32 pool holding them,
     nothing outside the blocks touched."""
     assert case.storage.dtype == torch.bfloat16 and case.x.dtype == torch.float32
-    _, y_mask = written(case)
-    expected = reference_fused(case, layer)  # [num_tokens, y_width] float64
-    plan = plan_sgmv_native(case.meta)
     on_fp32 = case.y.clone()
-    sgmv_fused_native(case.x, case.storage.float(), case.meta, layer * PAGE_SIZE, on_fp32, plan)
-    for run in (
-        lambda y: sgmv_fused(case.x, case.storage, case.meta, layer * PAGE_SIZE, y, plan, KernelBackend.NATIVE),
-        lambda y: sgmv_fused_native(case.x, case.storage, case.meta, layer * PAGE_SIZE, y),
-    ):
-        y = case.y.clone()
-        run(y)
-        assert_close(y.double(), expected, 1e-4, seed)
-        assert torch.equal(y, on_fp32), f"bf16 rows read differently from their fp32 values, seed={seed}"
-        assert torch.equal(y[~y_mask], case.y[~y_mask]), f"touched rows it does not own, seed={seed}"
+    sgmv_fused_native(case.x, case.storage.float(), case.meta, layer * PAGE_SIZE, on_fp32)
+    check_native(case, seed, layer, same_bits_as=on_fp32)
 
 
 @pytest.mark.parametrize("popularity", POPULARITY)
