@@ -10,6 +10,10 @@ repeated requests to miss. This router remembers where it sent each adapter the 
 accepts the request, and counts that as held (for routing and for the fewest-models choice) until the
 controller's broadcast says the same, or for ``PENDING_AFFINITY_S`` at most. Other gateways still learn
 through the controller.
+
+It extends Serve's own router class and its hooks (``on_request_routed``, the multiplexed-model map), which
+live in Serve's private modules: they are those of the Ray the project pins (``ray[serve]==2.60.0``), and
+``tests/app/test_ray_engine.py`` exercises them on a real Ray.
 """
 
 from __future__ import annotations
