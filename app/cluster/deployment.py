@@ -30,7 +30,12 @@ from ray.serve.schema import ApplicationStatus
 
 from app.cluster.affinity_router import AdapterAffinityRouter
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE, EngineDirectory
-from app.cluster.environment import REPLICA_ENVIRONMENT, configure_ray_environment
+from app.cluster.environment import (
+    CONTROLLER_ENVIRONMENT,
+    REPLICA_ENVIRONMENT,
+    component_environment,
+    configure_ray_environment,
+)
 from app.cluster.replica import EngineReplica
 from engine.config import EngineConfig
 
@@ -102,7 +107,7 @@ def deploy_engine(
         ray_actor_options={
             "num_cpus": cpus,
             "num_gpus": settings.replica_gpus,
-            "runtime_env": {"env_vars": REPLICA_ENVIRONMENT},
+            "runtime_env": {"env_vars": component_environment(REPLICA_ENVIRONMENT)},
         },
     )
     app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER), database_url)
@@ -115,12 +120,16 @@ def deploy_engine(
 
 
 def _start_serve() -> None:
-    """Start Serve on the cluster, or connect to it: to the one another gateway starts this very moment too."""
+    """Start Serve on the cluster, or connect to it: to the one another gateway starts this very moment too.
+
+    A controller this gateway starts gets ``CONTROLLER_ENVIRONMENT``; one already running keeps its own.
+    """
+    options = {"runtime_env": {"env_vars": component_environment(CONTROLLER_ENVIRONMENT)}}
     try:
-        serve.start(proxy_location="Disabled")
+        serve.start(proxy_location="Disabled", controller_options=options)
     except ActorAlreadyExistsError:  # another gateway created Serve's controller between our look and our create
         logger.info("Serve was started by another gateway at the same moment; connecting to it")
-        serve.start(proxy_location="Disabled")
+        serve.start(proxy_location="Disabled", controller_options=options)
 
 
 def join_or_claim(app_name: str, directory: ActorHandle, gateway_id: str) -> bool:

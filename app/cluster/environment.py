@@ -1,8 +1,8 @@
 """The process environment Ray reads when it is imported and started, set before either happens.
 
 Ray reads these variables once (Serve at import time), so the gateway sets them before it imports Ray;
-a value the operator set wins. The engine replicas get ``REPLICA_ENVIRONMENT`` through their runtime
-environment, so it holds on any cluster whatever its nodes' environment.
+a value the operator set wins. The engine replicas get theirs through their runtime environment and Serve's
+controller through its controller options, so they hold on any cluster whatever its nodes' environment.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ import os
 
 # Measured here (1-token requests, median of p50s over 4 runs, engine client level): Serve's
 # throughput-optimized mode (user code and the handle's router on the caller's event loop, request-path
-# logs buffered) cuts Ray's extra latency from ~7.5 ms to ~2.5 ms over the local worker process.
-THROUGHPUT_OPTIMIZED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+# logs buffered, handle calls over gRPC) cuts Ray's extra latency from ~7.5 ms to ~2.5 ms over the local
+# worker process. The mode also turns on Serve's direct ingress: an HTTP and a gRPC server in every
+# replica and Serve's proxy actor on the head node, none of which the gateway uses (it calls the replicas
+# through a handle), so direct ingress stays off.
+THROUGHPUT_OPTIMIZED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 # Ray's own bookkeeping, slowed or turned off: while a replica stepped 64 streams on a 2-core machine,
-# Serve's controller took 2.5 % of a core, the GCS 1.7 % and the dashboard agent 0.7 %, all of it taken
-# from the engine's two threads; with these, 1.0 %, 0.7 % and none (Ray's task-event and metrics
-# reporting off, Serve's cached metrics exported every second instead of every 0.1 s). The gateway's own
+# the GCS took 1.7 % of a core and the dashboard agent 0.7 %, all of it taken from the engine's two
+# threads; with these, 0.7 % and none (Ray's task-event and metrics reporting off, Serve's cached metrics
+# exported every second instead of every 0.1 s). The gateway's own
 # /metrics are unaffected; Ray's Prometheus metrics and its task list (the dashboard's state API) go
-# quiet, so an operator who wants them sets these back. Serve's control loop keeps its 0.1 s: it is what
-# tells the routers which replica loaded an adapter, and at 0.5 s a second request for a new adapter
-# often came before the news and loaded it on another replica.
+# quiet, so an operator who wants them sets these back.
 QUIET_RAY = {
     "RAY_enable_task_events": "0",
     "RAY_enable_metrics_collection": "0",
@@ -37,9 +38,20 @@ RAY_ENVIRONMENT = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 REPLICA_ENVIRONMENT = {**THROUGHPUT_OPTIMIZED, **QUIET_RAY}
+# Serve's controller loops every 0.5 s instead of 0.1 s: while a replica stepped 64 streams it took 2.5 %
+# of a core at 0.1 s and 0.7 % at 0.5 s. The loop is how other gateways' routers learn which replica
+# loaded an adapter (0.5-1 s after the load); a gateway's own router does not wait for that news, it
+# remembers where it sent each adapter (app/cluster/affinity_router.py).
+CONTROLLER_ENVIRONMENT = {**THROUGHPUT_OPTIMIZED, **QUIET_RAY, "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
 
 
 def configure_ray_environment() -> None:
     """Set this process's Ray variables (the operator's own values win); call it before importing Ray."""
     for name, value in RAY_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+
+
+def component_environment(defaults: dict[str, str]) -> dict[str, str]:
+    """``defaults`` for a Ray process this gateway creates (a replica, Serve's controller), the values the
+    operator set in this process's environment winning."""
+    return {name: os.environ.get(name, value) for name, value in defaults.items()}

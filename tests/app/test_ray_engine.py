@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 
 from app.cluster.ray_client import RayEngineClient
 from app.engine_clients.interface import EngineClient
@@ -308,3 +309,33 @@ async def test_a_replica_steps_on_the_thread_that_built_its_engine(ray_engine) -
     assert by_starters >= MIN_STARTUP_SHARE * total, (
         f"{by_starters} of {total} ticks; (spent, thread, at join): {busiest}"
     )
+
+
+def _process_environment(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if b"=" in entry)
+
+
+def _pids_of(command: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and command in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return pids
+
+
+async def test_serve_runs_no_proxy_and_its_controller_and_replicas_have_the_gateways_settings(ray_engine) -> None:
+    """The gateway calls replicas through a handle: no proxy actor, no ingress servers in the replicas; Serve's
+    controller gets its slower control loop from the gateway (controller options), not from its node."""
+    named = {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)}
+    assert not any("PROXY" in name for name in named), named
+    controllers = _pids_of("ray::ServeController")
+    assert len(controllers) == 1
+    controller_environment = _process_environment(controllers[0])
+    assert controller_environment.get("RAY_SERVE_CONTROL_LOOP_INTERVAL_S") == "0.5"
+    assert controller_environment.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "0"
+    for pid in replica_pids().values():
+        assert _process_environment(pid).get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "0"
