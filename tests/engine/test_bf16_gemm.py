@@ -93,16 +93,19 @@ def test_an_engine_reports_its_measured_choice(tiny_llama: Path, dot_runs_here: 
 
 @pytest.mark.default_model
 def test_forcing_dot_decodes_as_the_widened_bf16_engine(dot_runs_here: None) -> None:
+    """The dot panels round each projection's input to bf16 too, so a long greedy continuation may part at a
+    near tie (bench_quality measures how often); two short ones with clear leaders agree token for token."""
     settings = Settings.from_env()
     folder = resolve_model(settings.model, settings.home)
-    prompt = "The capital of France is Paris. The capital of Germany is"
+    prompts = ["Once upon a time", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = {}
     for gemm in (WIDEN, DOT):
         engine = make_engine(folder, dtype="bfloat16", bf16_gemm=gemm, pool_bytes=64 * 1024**2)
-        assert engine.stats().bf16_gemm == gemm and f"bf16_gemm={gemm} was asked for" in engine.stats().precision_reason
+        stats = engine.stats()
+        assert stats.bf16_gemm == gemm and f"bf16_gemm={gemm} was asked for" in stats.precision_reason
         layout = WeightLayout.NATIVE_DOT if gemm == DOT else WeightLayout.NATIVE
         assert engine.model.weights.layers[0].qkv.layout is layout
-        [output] = engine.generate([engine.tokenizer.encode(prompt)], params)
-        tokens[gemm] = output.token_ids
+        outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
+        tokens[gemm] = [output.token_ids for output in outputs]
     assert tokens[DOT] == tokens[WIDEN]
