@@ -37,6 +37,7 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 9
 CALIBRATION_BUDGET_S = 0.3
 CALIBRATION_SEED = 0
+HOW = {WIDEN: "weights widened to fp32, fp32 FMAs", DOT: "vdpbf16ps on projection inputs rounded to bf16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +56,8 @@ def choose_gemm(widen_s: Sequence[float], dot_s: Sequence[float], rows: int) -> 
     gemm = DOT if dot < widen else WIDEN
     return GemmChoice(
         gemm,
-        f"bf16 GEMM {gemm}: dot tile {dot * 1e3:.2f} ms vs widened {widen * 1e3:.2f} ms at {rows} rows, "
-        "measured at load",
+        f"bf16 GEMM {gemm} ({HOW[gemm]}): dot tile {dot * 1e3:.2f} ms vs widened {widen * 1e3:.2f} ms at "
+        f"{rows} rows, measured at load",
     )
 
 
@@ -111,9 +112,9 @@ def resolve_bf16_gemm(
     if backend is not KernelBackend.NATIVE or weight_format == "float32":
         return None
     if setting != AUTO:
-        return GemmChoice(setting, f"bf16 GEMM {setting}: bf16_gemm={setting} was asked for")
+        return GemmChoice(setting, f"bf16 GEMM {setting} ({HOW[setting]}): bf16_gemm={setting} was asked for")
     if not dot_available():
-        return GemmChoice(WIDEN, f"bf16 GEMM widen: {_dot_unavailable_reason(backend)}")
+        return GemmChoice(WIDEN, f"bf16 GEMM widen ({HOW[WIDEN]}): {_dot_unavailable_reason(backend)}")
     started = time.perf_counter()
     widen_s, dot_s = time_gemms(shape, rows, weight_format == "int8")
     choice = choose_gemm(widen_s, dot_s, rows)

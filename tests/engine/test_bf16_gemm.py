@@ -35,12 +35,15 @@ def dot_runs_here() -> None:
 def test_the_chooser_keeps_the_lower_median_and_says_by_how_much() -> None:
     choice = choose_gemm([0.0201, 0.0199, 0.0500], [0.0123, 0.0124, 0.0119], 64)  # one slow widened sample
     assert choice.gemm == DOT
-    assert choice.reason == "bf16 GEMM dot: dot tile 12.30 ms vs widened 20.10 ms at 64 rows, measured at load"
+    assert choice.reason == (
+        "bf16 GEMM dot (vdpbf16ps on projection inputs rounded to bf16): dot tile 12.30 ms vs widened 20.10 ms "
+        "at 64 rows, measured at load"
+    )
     assert choose_gemm([0.010, 0.011, 0.012], [0.013, 0.009, 0.014], 8).gemm == WIDEN  # medians 11 vs 13 ms
     assert choose_gemm([0.010], [0.010], 64).gemm == WIDEN  # a tie keeps the widened panels
 
 
-def test_the_setting_is_read_checked_and_passed_on() -> None:
+def test_the_setting_is_read_and_checked() -> None:
     assert Settings.from_env({}).bf16_gemm == "auto"
     assert Settings.from_env({"LORAPLEX_BF16_GEMM": "Dot"}).bf16_gemm == "dot"
     with pytest.raises(SettingsError, match="LORAPLEX_BF16_GEMM must be one of auto, widen, dot"):
@@ -75,7 +78,7 @@ def test_auto_times_both_on_the_shape_at_the_full_batch(dot_runs_here: None, wei
     choice = resolve_bf16_gemm("auto", weight_format, CPU, KernelBackend.NATIVE, GATE_UP, 64)
     assert time.perf_counter() - started < MAX_CALIBRATION_S
     assert choice is not None and choice.gemm in (WIDEN, DOT)
-    assert choice.reason.startswith(f"bf16 GEMM {choice.gemm}: dot tile ")
+    assert choice.reason.startswith(f"bf16 GEMM {choice.gemm} (") and "): dot tile " in choice.reason
     assert choice.reason.endswith(" at 64 rows, measured at load")
 
 
@@ -83,7 +86,7 @@ def test_an_engine_reports_its_measured_choice(tiny_llama: Path, dot_runs_here: 
     engine = make_engine(tiny_llama, kernels="native", dtype="bfloat16", bf16_gemm="auto", max_num_seqs=16)
     stats = engine.stats()
     assert stats.bf16_gemm in (WIDEN, DOT)
-    assert f"bf16 GEMM {stats.bf16_gemm}: dot tile " in stats.precision_reason
+    assert f"bf16 GEMM {stats.bf16_gemm} (" in stats.precision_reason and "): dot tile " in stats.precision_reason
     assert "at 16 rows, measured at load" in stats.precision_reason
     layout = WeightLayout.NATIVE_DOT if stats.bf16_gemm == DOT else WeightLayout.NATIVE
     assert engine.model.weights.layers[0].gate_up.layout is layout
