@@ -4,11 +4,11 @@ The native CPU kernels have two panel formats for bf16 and int8 weights: k-major
 and run on fp32 FMAs (kernels/linear_packed.py, every build), and k-pair panels on AVX512-BF16's
 ``vdpbf16ps`` with the activations rounded to bf16 (kernels/linear_dot.py, AVX-512 builds on CPUs that
 have it). The dot product does twice an FMA's arithmetic per instruction, so which is faster depends on
-how fast the CPU issues it: about as fast as its FMAs on AMD Zen 4, at a third of their rate on the Xeon
-measured in docs/precision.md. A full decode batch's projections are bound by arithmetic, so the engine
-times both on the model's gate/up projection (its largest a layer) at its full batch (``max_num_seqs``
-rows), in a few short alternated repeats, and runs every projection on the faster
-(``EngineConfig.bf16_gemm="auto"``); "widen" and "dot" pin one.
+how fast the CPU issues it: reported about as fast as its FMAs on AMD Zen 4, at a quarter of their rate
+(so half their products) on the Xeon measured in docs/precision.md. A full decode batch's projections are
+bound by arithmetic, so the engine times both on the model's gate/up projection (its largest a layer) at
+its full batch (``max_num_seqs`` rows), in a few short alternated repeats, and runs every projection on
+the faster (``EngineConfig.bf16_gemm="auto"``); "widen" and "dot" pin one.
 """
 
 import logging

@@ -9,8 +9,12 @@
 // exact in fp32 (bf16 mantissas are 8 bits) and the sums fp32.
 //
 // The tile is the k-major tile's shape: kTileRows rows x three panel vectors, 24 independent accumulators.
-// vdpbf16ps takes 6 cycles on AMD Zen 4 and issues two ymm (one zmm) a cycle there, so 12 ymm or 6 zmm
-// chains keep it busy; 24 zmm chains leave room for a longer latency (measured here: docs/precision.md).
+// That is more chains than the instruction's latency x issue rate anywhere it is known: on the 2-core
+// Xeon (Sapphire Rapids generation) it takes ~8 cycles and issues one every ~2, so four chains saturate
+// it; AMD Zen 4 is reported at 6 cycles and two ymm (one zmm) a cycle, 12 ymm or 6 zmm chains. There the
+// tile is bound by the instruction's throughput: on the Xeon 15 bf16 products a cycle against the fp32
+// FMAs' 32, so 1.1-1.9x the widened panels' time from 8 rows on; where it issues as fast as the FMAs it
+// does twice their products (figures: docs/precision.md).
 //
 // int8 panels (per-column scales beside them) hold the same pairs as bytes; |q| <= 127 is exact in bf16, so a
 // panel row converts to bf16 pairs (a sign extension, a convert, a round that changes nothing) and runs the
