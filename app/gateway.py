@@ -66,6 +66,7 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
         max_num_seqs=settings.max_num_seqs,
         dtype=settings.dtype,
         quantization=settings.quantization,
+        bf16_gemm=settings.bf16_gemm,
         num_speculative_tokens=settings.num_speculative_tokens,
     )
     name = settings.served_model_name or folder.name

@@ -27,6 +27,7 @@ DEFAULT_SPECULATIVE_TOKENS = 5  # measured best on the input-grounded benchmark 
 ENGINE_KINDS = ("local", "process", "thread", "ray")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the first is the default
 QUANTIZATION_CHOICES = ("int8",)
+BF16_GEMMS = ("auto", "widen", "dot")  # the first is the default (engine/bf16_gemm.py)
 TOOL_CALL_FORMATS = (DEFAULT_FORMAT, *sorted(name for name in FORMATS if name != DEFAULT_FORMAT))  # the default first
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
@@ -131,6 +132,11 @@ class Settings:
     quantization: str | None = None
     """Projection weights in 8 bits (LORAPLEX_QUANTIZATION=int8, CPU only); None: the model's dtype."""
 
+    bf16_gemm: str = "auto"
+    """The native CPU kernels' GEMM of bf16 and int8 weights (LORAPLEX_BF16_GEMM): "auto" (the faster of the
+    two, timed at start), "widen" (fp32 FMAs on widened weights) or "dot" (AVX512-BF16 dot products; refused
+    on a CPU without them) (docs/precision.md)."""
+
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     """Most tokens n-gram speculative decoding proposes per sequence and step; 0 turns it off
     (LORAPLEX_NUM_SPECULATIVE_TOKENS). Outputs are the same either way; see docs/speculative-decoding.md."""
@@ -214,6 +220,7 @@ class Settings:
             quantization=_choice(env, "LORAPLEX_QUANTIZATION", QUANTIZATION_CHOICES)
             if env.get("LORAPLEX_QUANTIZATION")
             else None,
+            bf16_gemm=_choice(env, "LORAPLEX_BF16_GEMM", BF16_GEMMS),
             num_speculative_tokens=_int(env, "LORAPLEX_NUM_SPECULATIVE_TOKENS", DEFAULT_SPECULATIVE_TOKENS),
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,

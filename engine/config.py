@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine.bf16_gemm import BF16_GEMM_CHOICES, resolve_bf16_gemm
 from engine.errors import ConfigError
 from engine.precision import QUANTIZATIONS, Precision, requested_dtype, resolve_precision
 from kernels.backend import KernelBackend, triton_unavailable_reason
@@ -40,6 +41,11 @@ class EngineConfig:
     projections' weight format and the K/V's in the pool, and activations stay fp32 (engine/precision.py)."""
     quantization: str | None = None
     """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
+    bf16_gemm: str = "auto"
+    """The native CPU kernels' GEMM of bf16 and int8 weights: "widen" (k-major panels widened to fp32, fp32
+    FMAs; every CPU), "dot" (AVX512-BF16 dot products on bf16-rounded activations; a CPU without them is a
+    ConfigError), or "auto" (both timed at load on the gate/up projection at max_num_seqs rows where the CPU
+    has both, the faster kept; engine/bf16_gemm.py). Ignored for fp32 weights and off the native kernels."""
     pool_bytes: int | None = None
     """Bytes for the unified page pool; None: a fraction of free GPU memory, or 2 GiB on CPU."""
     block_size: int | None = None
@@ -91,6 +97,8 @@ class EngineConfig:
             raise ConfigError(
                 f"quantization must be unset or one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
+        if self.bf16_gemm not in BF16_GEMM_CHOICES:
+            raise ConfigError(f"bf16_gemm must be one of {', '.join(BF16_GEMM_CHOICES)}, got {self.bf16_gemm!r}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -119,10 +127,16 @@ class EngineConfig:
         """The model dtype on ``device`` (``auto`` resolved); the activations' may differ (engine/precision.py)."""
         return requested_dtype(self.dtype, device)[0]
 
-    def precision(self, device: torch.device, backend: KernelBackend) -> Precision:
-        """The dtypes and weight format the engine runs with ``backend`` on ``device``, and why."""
+    def precision(self, device: torch.device, backend: KernelBackend, projection_shape: tuple[int, int]) -> Precision:
+        """The dtypes and weight format the engine runs with ``backend`` on ``device``, and why; the GEMM of
+        bf16 and int8 weights timed on ``projection_shape`` [out_features, in_features] where ``bf16_gemm``
+        is "auto" and the CPU has both."""
         dtype, why = requested_dtype(self.dtype, device)
-        return resolve_precision(dtype, why, self.quantization, device, backend)
+        precision = resolve_precision(dtype, why, self.quantization, device, backend)
+        choice = resolve_bf16_gemm(
+            self.bf16_gemm, precision.weight_format, device, backend, projection_shape, self.max_num_seqs
+        )
+        return precision if choice is None else precision.with_gemm(choice.gemm, choice.reason)
 
     def kernel_backend(self, device: torch.device, dtype: torch.dtype, head_dim: int) -> KernelBackend:
         """The ``kernels`` setting resolved for this engine; may build the native kernels (once per machine)."""
@@ -215,6 +229,11 @@ class ModelConfig:
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
+
+    @property
+    def gate_up_shape(self) -> tuple[int, int]:
+        """[out_features, in_features] of a layer's fused gate/up projection, its largest."""
+        return 2 * self.intermediate_size, self.hidden_size
 
     @property
     def widest_row(self) -> int:

@@ -63,7 +63,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.token_bytes = TokenBytes(self.tokenizer)
         self.kernels = config.kernel_backend(self.device, self.dtype, self.model_config.head_dim)
-        self.precision = config.precision(self.device, self.kernels)
+        self.precision = config.precision(self.device, self.kernels, self.model_config.gate_up_shape)
         weights = load_weights(folder, self.model_config, self.precision, self.device, self.kernels)
         self.max_model_len = self.model_config.max_model_len
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
@@ -415,6 +415,7 @@ class Engine:
             kv_dtype=dtype_name(self.precision.kv_dtype),
             weight_format=self.precision.weight_format,
             precision_reason=self.precision.reason,
+            bf16_gemm=self.precision.bf16_gemm or "",
             num_proposed_tokens=dict(self.speculator.stats.num_proposed) if self.speculator else {},
             num_accepted_tokens=dict(self.speculator.stats.num_accepted) if self.speculator else {},
         )

@@ -166,6 +166,10 @@ class EngineStats:
     precision_reason: str = ""
     """Why the engine runs these dtypes (see docs/precision.md)."""
 
+    bf16_gemm: str = ""
+    """The native GEMM of bf16 and int8 weights, "widen" or "dot" ("": no choice, e.g. fp32 weights); why is
+    in ``precision_reason``."""
+
     num_proposed_tokens: dict[str, int] = field(default_factory=dict)
     """Tokens proposed by speculative decoding since the engine started, by adapter ("": the base model)."""
 

@@ -15,10 +15,13 @@
   activations in the model's dtype, adapters unquantized. The embedding and norms keep the model's dtype.
 - ``auto``: bf16 on CUDA; on CPU bf16 where the CPU computes it natively (AVX512-BF16 or AMX), fp32
   elsewhere.
+- On the native CPU kernels, bf16 and int8 weights run on one of two GEMMs, k-major panels widened to fp32
+  or AVX512-BF16 dot products, measured at load where the CPU has both (engine/bf16_gemm.py); the choice
+  and its measured reason join the precision's.
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -48,6 +51,13 @@ class Precision:
     """"int8" for int8 projection weights, else None."""
     reason: str
     """Why: one sentence for the logs, metrics and ``loraplex doctor``."""
+    bf16_gemm: str | None = None
+    """The native GEMM of bf16 and int8 weights, "widen" or "dot" (engine/bf16_gemm.py); None where there is
+    no choice (fp32 weights, the torch kernels, CUDA)."""
+
+    def with_gemm(self, gemm: str, why: str) -> "Precision":
+        """This precision with bf16 and int8 weights on ``gemm``, ``why`` added to the reason."""
+        return replace(self, bf16_gemm=gemm, reason=f"{self.reason}; {why}")
 
     @property
     def weight_format(self) -> str:

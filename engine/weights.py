@@ -10,7 +10,7 @@ from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.precision import Precision
 from kernels.backend import KernelBackend
-from kernels.linear import LinearWeight
+from kernels.linear import WIDEN, LinearWeight
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,9 @@ def load_weights(
         return take(name, projection_dtype)
 
     def projection(matrix: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
-        return LinearWeight.prepare(matrix.to(projection_dtype), bias, backend, precision.quantization)
+        return LinearWeight.prepare(
+            matrix.to(projection_dtype), bias, backend, precision.quantization, precision.bf16_gemm or WIDEN
+        )
 
     layers = []
     for index in range(config.num_layers):

@@ -11,7 +11,8 @@ for fp32 weights.
 
 Panels may hold bf16 or int8 weights (per-output-column scales beside them): each panel row is widened
 to fp32 in registers as it is loaded and the arithmetic is the fp32 tile's, so a decode step streams a
-half or a quarter of the bytes. On every x86 build (AVX-512, AVX2, or plain loops elsewhere).
+half or a quarter of the bytes. On every x86 build (AVX-512, AVX2, or plain loops elsewhere). Where the
+CPU has AVX512-BF16, kernels/linear_dot.py holds the same weights in a second format for its dot products.
 """
 
 import functools

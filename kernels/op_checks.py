@@ -25,7 +25,7 @@ from kernels.argmax_rows import argmax_rows
 from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.backend import KernelBackend
 from kernels.kv_write import kv_row_index
-from kernels.linear import LinearWeight, linear
+from kernels.linear import WIDEN, LinearWeight, linear
 from kernels.lora_metadata import build_sgmv_metadata
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
@@ -102,15 +102,18 @@ def run_op_check(op: str, device: torch.device, dtype: torch.dtype, backend: Ker
     return OpCheck(op, error, TOLERANCES[dtype])
 
 
-def run_weight_format_check(weight_format: str, activation_dtype: torch.dtype, backend: KernelBackend) -> OpCheck:
+def run_weight_format_check(
+    weight_format: str, activation_dtype: torch.dtype, backend: KernelBackend, bf16_gemm: str = WIDEN
+) -> OpCheck:
     """A projection on ``weight_format`` ("bfloat16" or "int8") weights as the engine prepares them for
-    ``backend`` on the CPU, inputs in ``activation_dtype``, against ``F.linear`` on the float32 weights."""
+    ``backend`` on the CPU (on ``bf16_gemm``'s native panels), inputs in ``activation_dtype``, against
+    ``F.linear`` on the float32 weights."""
     gen = torch.Generator().manual_seed(SEED)
     x = torch.randn(9, 96, generator=gen)  # [tokens, in]
     weight, bias = torch.randn(100, 96, generator=gen) / 10, torch.randn(100, generator=gen)  # [out, in], [out]
     quantization = "int8" if weight_format == "int8" else None
     stored = weight.to(torch.bfloat16 if weight_format == "bfloat16" else activation_dtype)
-    prepared = LinearWeight.prepare(stored, bias.to(activation_dtype), backend, quantization)
+    prepared = LinearWeight.prepare(stored, bias.to(activation_dtype), backend, quantization, bf16_gemm)
     actual = linear(x.to(activation_dtype), prepared)  # [tokens, out]
     tolerance = max(WEIGHT_FORMAT_TOLERANCES[weight_format], TOLERANCES[activation_dtype])
     return OpCheck(f"linear_{weight_format}", _scaled_error(actual, F.linear(x, weight, bias)), tolerance)

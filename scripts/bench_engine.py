@@ -17,6 +17,7 @@ attention, the LM head for each generated token) ran at that rate.
 engine each, the workload run on each in turn for ``--rounds`` rounds (so a load that comes and goes
 falls on every mode alike), each mode's median reported, then ``bf16_vs_fp32`` and ``int8_vs_fp32``; with
 each mode's precision and its pool capacity (sequences of 1,024 tokens a GiB of pool holds).
+``--bf16-gemm`` (default: ``LORAPLEX_BF16_GEMM``, else auto) picks the native GEMM of bf16 and int8 weights.
 """
 
 import argparse
@@ -165,7 +166,7 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
             EngineConfig(
                 model=folder, dtype=dtype, quantization=quantization, pool_bytes=args.pool_mb * 2**20,
                 max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_batched_tokens,
-                num_threads=args.threads,
+                num_threads=args.threads, bf16_gemm=args.bf16_gemm,
             )
         )
         for name, (dtype, quantization) in MODES.items()
@@ -192,6 +193,7 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
         result[f"{name}_tok_s_rounds"] = [round(rate, 1) for rate in rates[name]]
         result[f"{name}_tok_per_cpu_s"] = round(statistics.median(cpu_rates[name]), 1)
         result[f"{name}_precision"] = engine.precision.reason
+        result[f"{name}_bf16_gemm"] = engine.precision.bf16_gemm or ""
         result[f"{name}_weight_mib"] = round(sum(w.weight_bytes for w in engine_weights(engine)) / 2**20, 1)
         result[f"{name}_seqs_1k_per_gib"] = sequences_per_gib(engine)
     for name in ("bf16", "int8"):
@@ -223,17 +225,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="with --modes: alternated rounds, medians reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--pool-mb", type=int, default=MODES_POOL_MIB, help="with --modes: each engine's pool, MiB")
+    parser.add_argument("--bf16-gemm", default=None, choices=("auto", "widen", "dot"),
+                        help="the native GEMM of bf16 and int8 weights (default: LORAPLEX_BF16_GEMM, else auto)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
     settings = Settings.from_env()
+    args.bf16_gemm = args.bf16_gemm or settings.bf16_gemm
     folder = args.model or str(resolve_model(settings.model, settings.home))
     if args.modes:
         write_result(run_modes(folder, args), args.json)
         return 0
     engine = Engine(EngineConfig(model=folder, max_num_seqs=args.max_batch, dtype=args.dtype,
                                  quantization=args.quantization, max_num_batched_tokens=args.max_batched_tokens,
-                                 num_threads=args.threads))
+                                 num_threads=args.threads, bf16_gemm=args.bf16_gemm))
     cfg = engine.model_config
     workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
     warmup = make_workload(4, cfg.vocab_size, args.seed + 1)

@@ -11,6 +11,8 @@ adapter (a seeded random rank-8 PEFT LoRA on every projection, small enough to k
   sum of its tokens' log-probabilities after the question (order of the choices plays no part).
 
     python scripts/bench_quality.py --json     # last line: one JSON object
+
+``--bf16-gemm`` (default: ``LORAPLEX_BF16_GEMM``, else auto) picks the native GEMM of the bf16 and int8 modes.
 """
 
 import argparse
@@ -120,7 +122,9 @@ def make_adapter(base: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def run(folder: str, adapter_folder: Path, num_prompts: int, num_tokens: int, modes: dict = MODES) -> dict:
+def run(
+    folder: str, adapter_folder: Path, num_prompts: int, num_tokens: int, modes: dict = MODES, bf16_gemm: str = "auto"
+) -> dict:
     """Every mode's scores against float32's, without and with the adapter: one flat dict of figures."""
     questions = load_questions()
     text = (DATA / "text.txt").read_text()
@@ -128,7 +132,7 @@ def run(folder: str, adapter_folder: Path, num_prompts: int, num_tokens: int, mo
     reference: dict[str | None, ModeScores] = {}
     continuations: dict[str | None, list[list[int]]] = {}
     for mode, overrides in modes.items():
-        engine = Engine(EngineConfig(model=folder, pool_bytes=256 * 1024**2, **overrides))
+        engine = Engine(EngineConfig(model=folder, pool_bytes=256 * 1024**2, bf16_gemm=bf16_gemm, **overrides))
         engine.add_adapter(ADAPTER_NAME, adapter_folder)
         results[f"{mode}_precision"] = engine.precision.reason
         text_ids = engine.tokenizer.encode(text)
@@ -172,13 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--adapter", default=None, help="a PEFT LoRA folder (default: a seeded random one)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument(
+        "--bf16-gemm",
+        default=None,
+        choices=("auto", "widen", "dot"),
+        help="the native GEMM of bf16 and int8 weights (default: LORAPLEX_BF16_GEMM, else auto)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     settings = Settings.from_env()
     folder = args.model or str(resolve_model(settings.model, settings.home))
     with tempfile.TemporaryDirectory() as scratch:
         adapter = Path(args.adapter) if args.adapter else make_adapter(Path(folder), Path(scratch) / "adapter")
-        results = run(folder, adapter, args.prompts, args.tokens)
+        results = run(folder, adapter, args.prompts, args.tokens, bf16_gemm=args.bf16_gemm or settings.bf16_gemm)
     failed = [key for key, bound in BOUNDS.items() for k in (key, key + "_adapter") if results[k] > bound]
     results["bounds_hold"] = not failed
     if args.json:

@@ -44,6 +44,7 @@ from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.precision import dtype_name
 from kernels.backend import KernelBackend
+from kernels.linear import WIDEN
 from kernels.native_cpu import unavailable_reason
 from kernels.op_checks import (
     ADAPTER_FORMAT_TOLERANCES,
@@ -62,6 +63,7 @@ WARMUP_TOKENS = 2  # a first call loads the native library or compiles the Trito
 # The generate needs a few pages; the engine's own default would take 85 % of a GPU's free memory.
 POOL_BYTES = 128 * 1024**2
 HEAD_DIM_WITHOUT_MODEL = 64  # the default model's, for choosing the backend when no model is at hand
+GATE_UP_SHAPE_WITHOUT_MODEL = (3072, 576)  # the default model's, for timing the bf16 GEMMs without a model
 
 
 class Status(enum.Enum):
@@ -82,18 +84,26 @@ def run_doctor(settings: Settings) -> list[CheckResult]:
     """Every check, in the order they are printed."""
     model, model_problem = find_model(settings)
     config = EngineConfig(
-        model=str(model or ""), pool_bytes=POOL_BYTES, dtype=settings.dtype, quantization=settings.quantization
+        model=str(model or ""),
+        pool_bytes=POOL_BYTES,
+        dtype=settings.dtype,
+        quantization=settings.quantization,
+        bf16_gemm=settings.bf16_gemm,
+        max_num_seqs=settings.max_num_seqs,
     )
     device = config.torch_device()
     dtype = config.torch_dtype(device)
-    head_dim = ModelConfig.from_folder(model).head_dim if model else HEAD_DIM_WITHOUT_MODEL
+    model_config = ModelConfig.from_folder(model) if model else None
+    head_dim = model_config.head_dim if model_config else HEAD_DIM_WITHOUT_MODEL
+    gate_up_shape = model_config.gate_up_shape if model_config else GATE_UP_SHAPE_WITHOUT_MODEL
     backend_check, backend = check_kernel_backend(config, device, dtype, head_dim)
+    precision_check, bf16_gemm = check_precision(config, device, backend, gate_up_shape)
     return [
         check_device(device),
         backend_check,
-        check_precision(config, device, backend),
+        precision_check,
         *check_native_ops(device, backend),
-        *check_weight_formats(device, backend),
+        *check_weight_formats(device, backend, bf16_gemm),
         *check_pool_formats(device, backend),
         *check_cuda_ops(device, dtype, backend),
         model_problem or check_generate(config, model, device, dtype, backend),
@@ -170,36 +180,42 @@ def check_kernel_backend(
     return result, backend
 
 
-def check_precision(config: EngineConfig, device: torch.device, backend: KernelBackend | None) -> CheckResult:
-    """The dtypes and weight format the engine would run with, and why."""
+def check_precision(
+    config: EngineConfig, device: torch.device, backend: KernelBackend | None, gate_up_shape: tuple[int, int]
+) -> tuple[CheckResult, str]:
+    """The dtypes, weight format and GEMM of bf16 and int8 weights (timed as the engine times them) the engine
+    would run with, and why; and that GEMM ("widen" where there is no choice)."""
     if backend is None:
-        return CheckResult("precision", Status.SKIP, "no kernel backend could be chosen (see above)")
+        return CheckResult("precision", Status.SKIP, "no kernel backend could be chosen (see above)"), WIDEN
     try:
-        precision = config.precision(device, backend)
+        precision = config.precision(device, backend, gate_up_shape)
     except ConfigError as error:
-        return CheckResult("precision", Status.FAIL, str(error))
+        return CheckResult("precision", Status.FAIL, str(error)), WIDEN
     values = {
         "dtype": dtype_name(precision.dtype),
         "activation_dtype": dtype_name(precision.activation_dtype),
         "kv_dtype": dtype_name(precision.kv_dtype),
         "weight_format": precision.weight_format,
+        "bf16_gemm": precision.bf16_gemm or "",
     }
-    return CheckResult("precision", Status.PASS, precision.reason, values)
+    return CheckResult("precision", Status.PASS, precision.reason, values), precision.bf16_gemm or WIDEN
 
 
-def check_weight_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
-    """A projection on bf16 and on int8 weights, as this CPU engine would run it, against float32 weights."""
+def check_weight_formats(device: torch.device, backend: KernelBackend | None, bf16_gemm: str) -> list[CheckResult]:
+    """A projection on bf16 and on int8 weights, as this CPU engine would run it (on ``bf16_gemm``'s panels
+    with the native kernels), against float32 weights."""
     formats = tuple(WEIGHT_FORMAT_TOLERANCES)
     if device.type != "cpu" or backend is None:
         reason = "the engine runs on CUDA: bf16 is its dtype there and int8 weights are CPU only"
         return [CheckResult(f"weights {name}", Status.SKIP, reason) for name in formats]
     activations = torch.float32 if backend is KernelBackend.NATIVE else torch.bfloat16
+    kernels = f"{backend.value}, {bf16_gemm} panels" if backend is KernelBackend.NATIVE else backend.value
     return _format_checks(
         "weights",
         formats,
-        lambda name: run_weight_format_check(name, activations, backend),
+        lambda name: run_weight_format_check(name, activations, backend, bf16_gemm),
         lambda name, check: (
-            f"linear on {name} weights, {dtype_name(activations)} activations ({backend.value}): max error "
+            f"linear on {name} weights, {dtype_name(activations)} activations ({kernels}): max error "
             f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})"
         ),
     )

@@ -23,11 +23,12 @@
 // saves are what decode steps are bound by. One tile of rows widens in registers as it loads; more rows
 // widen the panel once into fp32 scratch that stays in L2 and share it (widening per tile cost 17-25 %
 // at 64-256 rows, where the tiles are bound by arithmetic). int8 panels carry one scale per output
-// column, applied once to the finished sums (y = scale * sum_k x * q + bias).
+// column, applied once to the finished sums (y = scale * sum_k x * q + bias). These k-major panels are the
+// GEMM of bf16 and int8 weights on every build; linear_dot.cpp holds the other, on AVX512-BF16's dot
+// products, which the engine times against this one at load (engine/bf16_gemm.py).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include <c10/util/BFloat16.h>
 
@@ -35,23 +36,14 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#include <xmmintrin.h>
 
 #include "bf16.h"
+#include "linear_panels.h"
 #include "ops.h"
 #include "vec_wide.h"
 
 namespace loraplex {
 namespace {
-
-constexpr int kPanelVectors = 3;
-constexpr int kPanelWidth = kPanelVectors * kWideLanes;  // 48 on AVX-512, 24 on AVX2
-// Rows a tile: accumulators + three panel vectors + one broadcast fill the register file (32 zmm, 16 ymm).
-constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
-// Rows a pass over the panels: the pass's inputs (128 x K floats) stay in L2 while each thread walks its
-// panels (measured: 1,024 rows in one pass ran ~5 % slower than in passes of 128).
-constexpr int64_t kRowsPerPass = 128;
-constexpr int kLineBytes = 64;
 
 // One panel row's kWideLanes weights from `p`, widened to fp32 (bf16: a zero-extend and a shift, bf16.h).
 inline FW load_weights(const float* p) { return loadw(p); }
@@ -85,35 +77,6 @@ struct Panel {
   const P* prefetch;      // the next panel this thread computes, or nullptr
   int64_t in_features;
   int64_t columns;  // real columns, <= kPanelWidth
-};
-
-// Walks the next panel's cache lines into L2 spread evenly over this panel's k-steps (all its tiles):
-// a core keeps only so many misses in flight (its fill buffers), so a burst of prefetches in one tile
-// stalls the FMAs, where one line every few steps hides under them.
-template <typename W>
-class PrefetchCursor {
- public:
-  PrefetchCursor(const W* next, int64_t in_features, int64_t num_tiles)
-      : line_(reinterpret_cast<const char*>(next)),
-        end_(next == nullptr ? line_ : line_ + in_features * kPanelBytes),
-        bytes_per_line_(kLineBytes * num_tiles) {}
-
-  // One k-step's share of the next panel: one panel row's bytes over the tiles, carried over as credit.
-  void step() {
-    credit_ += kPanelBytes;
-    while (credit_ >= bytes_per_line_ && line_ < end_) {
-      _mm_prefetch(line_, _MM_HINT_T1);
-      line_ += kLineBytes;
-      credit_ -= bytes_per_line_;
-    }
-  }
-
- private:
-  static constexpr int64_t kPanelBytes = kPanelWidth * sizeof(W);  // a panel row
-  const char* line_;
-  const char* end_;
-  int64_t bytes_per_line_;  // credit a line costs: the panel's k-steps are num_tiles times its rows
-  int64_t credit_ = 0;
 };
 
 // y[0:R, 0:columns] = x[0:R, :] @ panel + bias; x rows `x_stride` apart, y rows `y_stride` apart.
@@ -204,14 +167,6 @@ void pack_panels(const W* src, W* dst, int64_t out_features, int64_t in_features
   });
 }
 
-// `values` [out_features] fp32 padded with zeros to whole panels, or an empty tensor when absent.
-at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t panels, const at::Tensor& like) {
-  if (!values.has_value()) return at::Tensor();
-  at::Tensor padded = at::zeros({panels * kPanelWidth}, like.options());
-  padded.narrow(0, 0, values->size(0)).copy_(*values);
-  return padded;
-}
-
 template <typename W>
 void run_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
                 const float* scales, at::Tensor& y, int64_t out_features) {
@@ -277,14 +232,8 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
                     " features, the weight takes ", packed.size(1));
   TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth,
                     "linear_packed: out_features ", out_features, " does not match ", panels, " panels");
-  TORCH_CHECK_VALUE(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features &&
-                                           bias->scalar_type() == at::kFloat && bias->device().is_cpu()),
-                    "linear_packed: bias must be a float32 CPU tensor [out_features]");
   const bool int8 = packed.scalar_type() == at::kChar;
-  TORCH_CHECK_VALUE(int8 == scales.has_value(), "linear_packed: scales are given with int8 panels and only then");
-  TORCH_CHECK_VALUE(!scales.has_value() || (scales->dim() == 1 && scales->size(0) == out_features &&
-                                             scales->scalar_type() == at::kFloat && scales->device().is_cpu()),
-                    "linear_packed: scales must be a float32 CPU tensor [out_features]");
+  check_bias_and_scales("linear_packed", bias, scales, int8, out_features);
   // Bias and scales padded to whole panels, so every tile reads kPanelWidth values; without a bias, every
   // panel reads the same zeros.
   alignas(64) static const float kNoBias[kPanelWidth] = {};

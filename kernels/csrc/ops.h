@@ -44,6 +44,18 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t out_features, const std::optional<at::Tensor>& scales);
 
+// Whether this build runs the AVX512-BF16 dot-product panels here (linear_dot.cpp; kernels/linear_dot.py).
+bool linear_dot_available();
+
+// weight [N, K] (bf16 or int8) packed into panels of linear_panel_width() columns, k in pairs
+// (kernels/linear_dot.py).
+at::Tensor pack_linear_pairs(const at::Tensor& weight);
+
+// bf16(x) @ weight^T + bias on a weight from pack_linear_pairs, on vdpbf16ps; int8 panels take per-column
+// scales (kernels/linear_dot.py).
+at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features, const std::optional<at::Tensor>& scales);
+
 // The index of each row's first maximum (a NaN wins), as torch.argmax(dim=-1) (kernels/argmax_rows.py).
 at::Tensor argmax_rows(const at::Tensor& logits);
 

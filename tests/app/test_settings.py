@@ -53,6 +53,7 @@ TABLE = [
     ),
     Row("LORAPLEX_DTYPE", "dtype", "bfloat16", "bfloat16", (("fp8", "must be one of auto, float32"),)),
     Row("LORAPLEX_QUANTIZATION", "quantization", "int8", "int8", (("int4", "must be one of int8"),)),
+    Row("LORAPLEX_BF16_GEMM", "bf16_gemm", "widen", "widen", (("amx", "must be one of auto, widen, dot"),)),
     Row(
         "LORAPLEX_NUM_SPECULATIVE_TOKENS",
         "num_speculative_tokens",

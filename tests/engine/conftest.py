@@ -46,6 +46,7 @@ def kernels(request: pytest.FixtureRequest) -> str:
 def make_engine(folder: Path, **overrides) -> Engine:
     overrides.setdefault("pool_bytes", 8 * 1024**2)
     overrides.setdefault("dtype", "float32")  # parity with transformers' fp32 forward
+    overrides.setdefault("bf16_gemm", "widen")  # "auto" would pick by this machine's timings (test_bf16_gemm.py)
     return Engine(EngineConfig(model=str(folder), **overrides))
 
 

@@ -56,7 +56,7 @@ def test_bad_values_are_refused_with_what_to_set() -> None:
     with pytest.raises(ConfigError, match="quantization must be unset or one of int8"):
         EngineConfig(model="x", quantization="int4")
     with pytest.raises(ConfigError, match="CPU only"):
-        EngineConfig(model="x", quantization="int8").precision(torch.device("cuda"), KernelBackend.TRITON)
+        EngineConfig(model="x", quantization="int8").precision(torch.device("cuda"), KernelBackend.TRITON, (64, 32))
     with pytest.raises(SettingsError, match="LORAPLEX_DTYPE"):
         Settings.from_env({"LORAPLEX_DTYPE": "fp8"})
     with pytest.raises(SettingsError, match="LORAPLEX_QUANTIZATION"):
