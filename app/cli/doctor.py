@@ -19,18 +19,15 @@ The checks, in order:
 Skipped checks do not fail the run. ``--json`` prints the same results for machines.
 """
 
-import enum
-import json
 import os
 import platform
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from app.cli.doctor_kernels import check_cuda_ops, check_native_ops, check_pool_formats, check_weight_formats
+from app.cli.doctor_results import CheckResult, Status
 from app.model_store import (
     DEFAULT_MODEL_NAME,
     DEFAULT_MODEL_SPEC,
@@ -46,16 +43,6 @@ from engine.precision import dtype_name
 from kernels.backend import KernelBackend
 from kernels.linear import WIDEN
 from kernels.native_cpu import unavailable_reason
-from kernels.op_checks import (
-    ADAPTER_FORMAT_TOLERANCES,
-    KV_FORMAT_TOLERANCES,
-    OPS,
-    WEIGHT_FORMAT_TOLERANCES,
-    run_adapter_format_check,
-    run_kv_format_check,
-    run_op_check,
-    run_weight_format_check,
-)
 
 GENERATE_PROMPT = "The three primary colours are"
 GENERATE_TOKENS = 32
@@ -64,20 +51,6 @@ WARMUP_TOKENS = 2  # a first call loads the native library or compiles the Trito
 POOL_BYTES = 128 * 1024**2
 HEAD_DIM_WITHOUT_MODEL = 64  # the default model's, for choosing the backend when no model is at hand
 GATE_UP_SHAPE_WITHOUT_MODEL = (3072, 576)  # the default model's, for timing the bf16 GEMMs without a model
-
-
-class Status(enum.Enum):
-    PASS = "ok"
-    FAIL = "FAIL"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    name: str
-    status: Status
-    detail: str
-    values: dict[str, float | int | str] = field(default_factory=dict)  # the numbers, for --json
 
 
 def run_doctor(settings: Settings) -> list[CheckResult]:
@@ -167,13 +140,13 @@ def check_kernel_backend(
         backend = config.kernel_backend(device, dtype, head_dim)
     except ConfigError as error:
         return CheckResult("kernel backend", Status.FAIL, str(error)), None
-    dtype_name = str(dtype).removeprefix("torch.")
+    model_dtype = str(dtype).removeprefix("torch.")
     if backend is KernelBackend.TRITON:
-        why = f"on CUDA: the Triton kernels for paged attention and SGMV, torch for the other ops, in {dtype_name}"
+        why = f"on CUDA: the Triton kernels for paged attention and SGMV, torch for the other ops, in {model_dtype}"
     elif backend is KernelBackend.NATIVE:
-        why = f"on CPU, model in {dtype_name}, and the native C++ library builds here"
+        why = f"on CPU, model in {model_dtype}, and the native C++ library builds here"
     else:
-        why = f"the native CPU kernels cannot run: {unavailable_reason() or f'{dtype_name}, head_dim {head_dim}'}"
+        why = f"the native CPU kernels cannot run: {unavailable_reason() or f'{model_dtype}, head_dim {head_dim}'}"
     result = CheckResult(
         "kernel backend", Status.PASS, f"{backend.value} (kernels='auto' {why})", {"backend": backend.value}
     )
@@ -201,96 +174,6 @@ def check_precision(
     return CheckResult("precision", Status.PASS, precision.reason, values), precision.bf16_gemm or WIDEN
 
 
-def check_weight_formats(device: torch.device, backend: KernelBackend | None, bf16_gemm: str) -> list[CheckResult]:
-    """A projection on bf16 and on int8 weights, as this CPU engine would run it (on ``bf16_gemm``'s panels
-    with the native kernels), against float32 weights."""
-    formats = tuple(WEIGHT_FORMAT_TOLERANCES)
-    if device.type != "cpu" or backend is None:
-        reason = "the engine runs on CUDA: bf16 is its dtype there and int8 weights are CPU only"
-        return [CheckResult(f"weights {name}", Status.SKIP, reason) for name in formats]
-    activations = torch.float32 if backend is KernelBackend.NATIVE else torch.bfloat16
-    kernels = f"{backend.value}, {bf16_gemm} panels" if backend is KernelBackend.NATIVE else backend.value
-    return _format_checks(
-        "weights",
-        formats,
-        lambda name: run_weight_format_check(name, activations, backend, bf16_gemm),
-        lambda name, check: (
-            f"linear on {name} weights, {dtype_name(activations)} activations ({kernels}): max error "
-            f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})"
-        ),
-    )
-
-
-def check_pool_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
-    """Attention and the K/V write on bf16 K/V pages, and the SGMV on bf16 adapter rows, as the native CPU
-    kernels run them, against float32 pages."""
-    kv_formats, adapter_formats = tuple(KV_FORMAT_TOLERANCES), tuple(ADAPTER_FORMAT_TOLERANCES)
-    if device.type != "cpu" or backend is not KernelBackend.NATIVE:
-        reason = "a bf16 pool beside float32 activations is the native kernels' mode; elsewhere it is the model's dtype"
-        names = [f"kv {name}" for name in kv_formats] + [f"adapters {name}" for name in adapter_formats]
-        return [CheckResult(name, Status.SKIP, reason) for name in names]
-    kv = _format_checks(
-        "kv",
-        kv_formats,
-        lambda name: run_kv_format_check(name, backend),
-        lambda name, check: (
-            f"attention and the K/V write on {name} K/V ({backend.value}): max error {check.max_error:.1e} "
-            f"against float32 K/V (tolerance {check.tolerance:.0e})"
-        ),
-    )
-    adapters = _format_checks(
-        "adapters",
-        adapter_formats,
-        lambda name: run_adapter_format_check(name, backend),
-        lambda name, check: (
-            f"sgmv_fused on {name} adapter rows ({backend.value}): max error {check.max_error:.1e} "
-            f"against float32 adapters (tolerance {check.tolerance:.0e})"
-        ),
-    )
-    return kv + adapters
-
-
-def _format_checks(
-    kind: str, formats: tuple[str, ...], run: Callable[[str], Any], describe: Callable[[str, Any], str]
-) -> list[CheckResult]:
-    """One result per format: ``run(name)``'s check against its float32 reference (an op that raises fails it)."""
-    results = []
-    for name in formats:
-        label = f"{kind} {name}"
-        try:
-            check = run(name)
-        except Exception as error:  # an op that raises here is a failed check, not a crash
-            results.append(CheckResult(label, Status.FAIL, f"{type(error).__name__}: {error}"))
-            continue
-        results.append(
-            CheckResult(
-                label,
-                Status.PASS if check.passed else Status.FAIL,
-                describe(name, check),
-                {"max_error": check.max_error, "tolerance": check.tolerance},
-            )
-        )
-    return results
-
-
-def check_native_ops(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
-    """Each op on the native CPU library against torch, when the engine would run it."""
-    if device.type != "cpu":
-        return _skip_each("native", f"the engine runs on {device.type}; the native library serves CPU engines")
-    if backend is not KernelBackend.NATIVE:
-        return _skip_each("native", unavailable_reason() or "the engine runs the torch ops here")
-    return [_op_result("native", op, torch.device("cpu"), torch.float32, backend) for op in OPS]
-
-
-def check_cuda_ops(device: torch.device, dtype: torch.dtype, backend: KernelBackend | None) -> list[CheckResult]:
-    """Each op on the CUDA device, as the engine runs it there, against torch on the CPU."""
-    if device.type != "cuda":
-        return _skip_each("cuda", f"no CUDA device (torch {torch.__version__} sees none)")
-    if backend is None:
-        return _skip_each("cuda", "no kernel backend could be chosen (see above)")
-    return [_op_result("cuda", op, device, dtype, backend) for op in OPS]
-
-
 def check_generate(
     config: EngineConfig, model: Path, device: torch.device, dtype: torch.dtype, backend: KernelBackend | None
 ) -> CheckResult:
@@ -316,43 +199,3 @@ def check_generate(
         f"load {loaded - started:.1f} s, first call {warmed - loaded:.2f} s)",
         {"tokens": num_tokens, "seconds": elapsed, "tokens_per_s": rate, "load_s": loaded - started},
     )
-
-
-def _op_result(side: str, op: str, device: torch.device, dtype: torch.dtype, backend: KernelBackend) -> CheckResult:
-    name = f"{side} {op}"
-    try:
-        check = run_op_check(op, device, dtype, backend)
-    except Exception as error:  # an op that raises on this device is a failed check, not a crash
-        return CheckResult(name, Status.FAIL, f"{type(error).__name__}: {error}")
-    return CheckResult(
-        name,
-        Status.PASS if check.passed else Status.FAIL,
-        f"max error {check.max_error:.1e} (tolerance {check.tolerance:.0e}) against torch, "
-        f"{str(dtype).removeprefix('torch.')} on {device.type}",
-        {"max_error": check.max_error, "tolerance": check.tolerance},
-    )
-
-
-def _skip_each(side: str, reason: str) -> list[CheckResult]:
-    return [CheckResult(f"{side} {op}", Status.SKIP, reason) for op in OPS]
-
-
-def exit_status(results: list[CheckResult]) -> int:
-    """0 when every check that ran passed, else 1."""
-    return int(any(result.status is Status.FAIL for result in results))
-
-
-def render_text(results: list[CheckResult]) -> str:
-    width = max(len(result.name) for result in results)
-    lines = [f"{result.status.value:<4}  {result.name:<{width}}  {result.detail}" for result in results]
-    counts = {status: sum(result.status is status for result in results) for status in Status}
-    lines.append(f"{counts[Status.PASS]} passed, {counts[Status.FAIL]} failed, {counts[Status.SKIP]} skipped")
-    return "\n".join(lines)
-
-
-def render_json(results: list[CheckResult]) -> str:
-    checks = [
-        {"name": result.name, "status": result.status.name.lower(), "detail": result.detail, **result.values}
-        for result in results
-    ]
-    return json.dumps({"passed": exit_status(results) == 0, "checks": checks}, indent=2)

@@ -142,7 +142,8 @@ def serve(context: _Context, host: str, port: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @pass_context
 def doctor(context: _Context, as_json: bool) -> None:
-    from app.cli.doctor import exit_status, render_json, render_text, run_doctor
+    from app.cli.doctor import run_doctor
+    from app.cli.doctor_results import exit_status, render_json, render_text
 
     results = run_doctor(context.settings)
     click.echo(render_json(results) if as_json else render_text(results))
