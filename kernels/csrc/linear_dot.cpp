@@ -101,10 +101,7 @@ void dot_tile(const Bf16Pair* x, int64_t x_stride, const PairPanel<W, P>& panel,
               PrefetchCursor<P>& cursor) {
   PrefetchCursor<P> next = cursor;  // a local copy stays in registers through the loop
   FW acc[R][kPanelVectors];
-  for (int j = 0; j < kPanelVectors; ++j) {
-    const FW b = panel.scales == nullptr ? loadw(panel.bias + j * kWideLanes) : zerow();
-    for (int i = 0; i < R; ++i) acc[i][j] = b;
-  }
+  start_sums(acc, panel.bias, panel.scales);
   for (int64_t kp = 0; kp < panel.pairs; ++kp) {
     const W* row = panel.weights + kp * kPanelWidth;
     __m512bh w[kPanelVectors];
@@ -116,22 +113,7 @@ void dot_tile(const Bf16Pair* x, int64_t x_stride, const PairPanel<W, P>& panel,
     }
   }
   cursor = next;
-  if (panel.scales != nullptr) {  // int8: the column's scale on the finished sum, then the bias
-    for (int j = 0; j < kPanelVectors; ++j) {
-      const FW scale = loadw(panel.scales + j * kWideLanes), bias = loadw(panel.bias + j * kWideLanes);
-      for (int i = 0; i < R; ++i) acc[i][j] = fmaw(acc[i][j], scale, bias);
-    }
-  }
-  if (panel.columns == kPanelWidth) {
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < kPanelVectors; ++j) storew(y + i * y_stride + j * kWideLanes, acc[i][j]);
-    return;
-  }
-  alignas(64) float spill[kPanelWidth];
-  for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < kPanelVectors; ++j) storew(spill + j * kWideLanes, acc[i][j]);
-    std::memcpy(y + i * y_stride, spill, panel.columns * sizeof(float));
-  }
+  finish_sums(acc, panel.bias, panel.scales, panel.columns, y, y_stride);
 }
 
 template <int R, typename W, typename P>

@@ -85,10 +85,7 @@ void tile(const float* x, int64_t x_stride, const Panel<W, P>& panel, float* y, 
           PrefetchCursor<P>& cursor) {
   PrefetchCursor<P> next = cursor;  // a local copy stays in registers through the loop
   FW acc[R][kPanelVectors];
-  for (int j = 0; j < kPanelVectors; ++j) {
-    const FW b = panel.scales == nullptr ? loadw(panel.bias + j * kWideLanes) : zerow();
-    for (int i = 0; i < R; ++i) acc[i][j] = b;
-  }
+  start_sums(acc, panel.bias, panel.scales);
   for (int64_t k = 0; k < panel.in_features; ++k) {
     const W* row = panel.weights + k * kPanelWidth;
     FW w[kPanelVectors];
@@ -100,22 +97,7 @@ void tile(const float* x, int64_t x_stride, const Panel<W, P>& panel, float* y, 
     }
   }
   cursor = next;
-  if (panel.scales != nullptr) {  // int8: the column's scale on the finished sum, then the bias
-    for (int j = 0; j < kPanelVectors; ++j) {
-      const FW scale = loadw(panel.scales + j * kWideLanes), bias = loadw(panel.bias + j * kWideLanes);
-      for (int i = 0; i < R; ++i) acc[i][j] = fmaw(acc[i][j], scale, bias);
-    }
-  }
-  if (panel.columns == kPanelWidth) {
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < kPanelVectors; ++j) storew(y + i * y_stride + j * kWideLanes, acc[i][j]);
-    return;
-  }
-  alignas(64) float spill[kPanelWidth];
-  for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < kPanelVectors; ++j) storew(spill + j * kWideLanes, acc[i][j]);
-    std::memcpy(y + i * y_stride, spill, panel.columns * sizeof(float));
-  }
+  finish_sums(acc, panel.bias, panel.scales, panel.columns, y, y_stride);
 }
 
 template <int R, typename W, typename P>

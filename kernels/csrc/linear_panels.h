@@ -1,12 +1,14 @@
 // What the two panel GEMMs share (linear_packed.cpp: k-major panels of fp32, bf16 or int8 weights;
 // linear_dot.cpp: bf16 or int8 weights with k in pairs on AVX512-BF16's dot products): the panel and tile
-// sizes, the prefetch of a thread's next panel, and the checks of a call's bias and scales.
+// sizes, the prefetch of a thread's next panel, a tile's first and last touches of its sums, and the
+// checks of a call's bias and scales.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <xmmintrin.h>
 
@@ -52,6 +54,39 @@ class PrefetchCursor {
   int64_t bytes_per_line_;  // credit a line costs: the panel's k-steps are num_tiles times its rows
   int64_t credit_ = 0;
 };
+
+// A tile's sums before its first k-step: the panel's bias, or zero for int8 panels (whose bias is added
+// after their scale, in finish_sums).
+template <int R>
+inline void start_sums(FW (&acc)[R][kPanelVectors], const float* bias, const float* scales) {
+  for (int j = 0; j < kPanelVectors; ++j) {
+    const FW b = scales == nullptr ? loadw(bias + j * kWideLanes) : zerow();
+    for (int i = 0; i < R; ++i) acc[i][j] = b;
+  }
+}
+
+// y[0:R, 0:columns] = the finished sums (int8 panels: sum * scale + bias), rows `y_stride` apart; a panel
+// of fewer than kPanelWidth real columns goes through a spill so nothing is written past them.
+template <int R>
+inline void finish_sums(FW (&acc)[R][kPanelVectors], const float* bias, const float* scales, int64_t columns,
+                        float* y, int64_t y_stride) {
+  if (scales != nullptr) {
+    for (int j = 0; j < kPanelVectors; ++j) {
+      const FW scale = loadw(scales + j * kWideLanes), b = loadw(bias + j * kWideLanes);
+      for (int i = 0; i < R; ++i) acc[i][j] = fmaw(acc[i][j], scale, b);
+    }
+  }
+  if (columns == kPanelWidth) {
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < kPanelVectors; ++j) storew(y + i * y_stride + j * kWideLanes, acc[i][j]);
+    return;
+  }
+  alignas(64) float spill[kPanelWidth];
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < kPanelVectors; ++j) storew(spill + j * kWideLanes, acc[i][j]);
+    std::memcpy(y + i * y_stride, spill, columns * sizeof(float));
+  }
+}
 
 // `values` [out_features] fp32 padded with zeros to whole panels, or an empty tensor when absent.
 inline at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t panels, const at::Tensor& like) {
