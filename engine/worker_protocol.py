@@ -226,8 +226,8 @@ _commands = msgspec.msgpack.Decoder(Command)
 _events = msgspec.msgpack.Decoder(Event)
 
 
-def frame(message: Command | Event) -> bytes:
-    """``message`` as one frame: its length, then its body."""
+def frame(message: msgspec.Struct) -> bytes:
+    """``message`` (a Command, an Event, or another message sent on a byte stream) as one frame: its length, then its body."""
     body = _encoder.encode(message)
     return len(body).to_bytes(FRAME_HEADER_BYTES, "big") + body
 

@@ -5,18 +5,18 @@ local worker process (``ProcessEngineClient``), then on ONE Ray Serve replica gi
 the product's ``EngineReplica`` with clocks added (a subclass deployed by this script), so each request's
 timeline is split into:
 
-- ``call``: the gateway's ``handle.generate.remote()`` until the replica's ``generate`` starts (the handle,
-  Serve's router, the actor call reaching the replica's event loop);
+- ``call``: the gateway's ``handle.run.remote()`` until the replica's ``run`` starts (the handle, Serve's
+  router, the actor call reaching the replica's event loop);
 - ``admit``: the replica's decoding and bookkeeping until ``worker.submit``;
 - ``engine``: ``submit`` until the step thread emits the request's output (the step thread waking, the
   step itself);
-- ``hop``: the emit until the replica's event loop routes it to the request's queue;
-- ``yield``: routing until the replica's generator yields the encoded outputs;
-- ``stream``: the yield until the gateway holds the chunk (Ray's streamed object);
-- ``close``: the chunk until the gateway sees the stream end (one more message from the replica).
+- ``hop``: the emit until the replica's event loop routes it (and writes the gateway's frame);
+- ``frame``: the routing until the gateway's output inbox holds the frame (the connection to the gateway);
+- ``read``: the inbox until the request's reader holds the output;
+- ``close``: the output until the gateway sees the request's Serve call return (not waited for).
 
 The clocks are the host's wall clock (``time.time_ns``), which both processes share. Figures are medians
-over ``--num-requests`` requests after a warm-up, with the number of streamed chunks and their bytes. The
+over ``--num-requests`` requests after a warm-up, with the number of frames and their bytes. The
 local engine's own ``engine`` time is measured the same way (submit to emit) on an EngineWorker in this
 process (``local_engine_ms``), so a replica's engine slowed by Ray's own threads shows as the difference.
 
@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +46,20 @@ import ray  # noqa: E402
 
 from app.cluster import deployment as ray_deployment  # noqa: E402
 from app.cluster.deployment import RaySettings  # noqa: E402
+from app.cluster.output_inbox import OutputInbox  # noqa: E402
 from app.cluster.ray_client import RayEngineClient  # noqa: E402
 from app.cluster.replica import EngineReplica  # noqa: E402
 from app.engine_clients.process import ProcessEngineClient  # noqa: E402
 from app.model_store import resolve_model  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from engine import EngineConfig, SamplingParams  # noqa: E402
-from engine.output_delta import OutputAssembler  # noqa: E402
 from engine.worker import EngineWorker  # noqa: E402
 from engine.worker_protocol import StepOutputs, Submit  # noqa: E402
 
 logger = logging.getLogger("profile_ray")
 
 PROMPT = "The capital of France is"
-HOPS = ("call", "admit", "engine", "hop", "yield", "stream", "close")
-_encoder = msgspec.msgpack.Encoder()
-_steps = msgspec.msgpack.Decoder(StepOutputs)
+HOPS = ("call", "admit", "engine", "hop", "frame", "read", "close")
 
 
 def now_ms() -> float:
@@ -83,12 +80,10 @@ class TimedReplica(EngineReplica):
 
         self._worker.submit = timed_submit
 
-    async def generate(self, body: bytes) -> AsyncIterator[bytes]:
+    async def run(self, body: bytes, inbox: bytes) -> bytes:
         request_id = msgspec.msgpack.decode(body, type=Submit).request_id  # no module-level decoder: pickled by value
         self._marks[request_id] = {"entered": now_ms()}
-        async for chunk in super().generate(body):
-            self._marks[request_id].setdefault("yielded", now_ms())
-            yield chunk
+        return await super().run(body, inbox)
 
     def _emit_threadsafe(self, step: StepOutputs) -> None:
         emitted = now_ms()
@@ -106,22 +101,38 @@ class TimedReplica(EngineReplica):
         return self._marks
 
 
-async def ray_request(client: RayEngineClient, prompt_ids: list[int], params: SamplingParams) -> dict[str, float]:
-    """One request through the handle as RayEngineClient.generate sends it, with the gateway's clocks."""
+class TimedInbox:
+    """The gateway's clocks: when the inbox delivers each request's first frame, and when its call returns."""
+
+    def __init__(self, inbox: OutputInbox) -> None:
+        self.marks: dict[str, dict[str, float]] = {}
+        self.num_frames: dict[str, int] = {}
+        self.num_bytes: dict[str, int] = {}
+        deliver, ended = inbox.deliver, inbox.ended
+
+        def timed_deliver(connection: Any, step: StepOutputs) -> None:
+            delivered = now_ms()
+            size = len(msgspec.msgpack.encode(step))
+            for delta in step.outputs:
+                self.marks.setdefault(delta.request_id, {}).setdefault("delivered", delivered)
+                self.num_frames[delta.request_id] = self.num_frames.get(delta.request_id, 0) + 1
+                self.num_bytes[delta.request_id] = self.num_bytes.get(delta.request_id, 0) + size
+            deliver(connection, step)
+
+        def timed_ended(request_id: str, result: Any) -> None:
+            self.marks.setdefault(request_id, {})["closed"] = now_ms()
+            ended(request_id, result)
+
+        inbox.deliver, inbox.ended = timed_deliver, timed_ended
+
+
+async def ray_request(client: RayEngineClient, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+    """One request through RayEngineClient.generate, with the gateway's clocks."""
     request_id = uuid.uuid4().hex
     marks = {"sent": now_ms()}
-    handle = client.deployment.handle.options(stream=True, multiplexed_model_id="")
-    stream = handle.generate.remote(_encoder.encode(Submit(request_id, prompt_ids, params, None, None, 1.0)))
-    assembler = OutputAssembler(prompt_ids)
-    num_chunks = num_bytes = 0
-    async for chunk in stream:
+    async for _ in client.generate(prompt_ids, params, request_id, None):
         marks.setdefault("received", now_ms())
-        num_chunks += 1
-        num_bytes += len(chunk)
-        for delta in _steps.decode(chunk).outputs:
-            assembler.apply(delta)
-    marks["closed"] = now_ms()
-    return {"request_id": request_id, "num_chunks": num_chunks, "num_bytes": num_bytes, **marks}
+    return {"request_id": request_id, **marks}
 
 
 def worker_engine_ms(config: EngineConfig, prompt_ids: list[int], params: SamplingParams, n: int) -> list[float]:
@@ -158,10 +169,10 @@ def ray_hops(gateway: dict[str, Any], replica: dict[str, float]) -> dict[str, fl
         "admit": replica["submitted"] - replica["entered"],
         "engine": replica["emitted"] - replica["submitted"],
         "hop": replica["routed"] - replica["emitted"],
-        "yield": replica["yielded"] - replica["routed"],
-        "stream": gateway["received"] - replica["yielded"],
+        "frame": gateway["delivered"] - replica["routed"],
+        "read": gateway["received"] - gateway["delivered"],
         "close": gateway["closed"] - gateway["received"],
-        "total": gateway["closed"] - gateway["sent"],
+        "total": gateway["received"] - gateway["sent"],
     }
 
 
@@ -186,15 +197,20 @@ async def ray_timelines(config: EngineConfig, name: str, home: Path, prompt_ids,
     client = RayEngineClient(config, name, home, RaySettings(num_replicas=1))
     await client.start()
     try:
+        inbox = TimedInbox(client._inbox_in_use())
         sent = [await ray_request(client, prompt_ids, params) for _ in range(n + 5)][5:]
+        await asyncio.sleep(0.5)  # the last calls' returns
         marks = await client.deployment.handle.marks.remote()
-        return [ray_hops(gateway, marks[gateway["request_id"]]) | _sizes(gateway) for gateway in sent]
+        timelines = []
+        for gateway in sent:
+            request_id = gateway["request_id"]
+            timelines.append(
+                ray_hops(gateway | inbox.marks[request_id], marks[request_id])
+                | {"num_frames": inbox.num_frames[request_id], "num_bytes": inbox.num_bytes[request_id]}
+            )
+        return timelines
     finally:
         await client.stop()
-
-
-def _sizes(gateway: dict[str, Any]) -> dict[str, float]:
-    return {"num_chunks": gateway["num_chunks"], "num_bytes": gateway["num_bytes"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "local_total_ms": round(statistics.median(local), 3),
         "local_engine_ms": round(statistics.median(local_engine), 3),
     }
-    for key in (*HOPS, "total", "num_chunks", "num_bytes"):
+    for key in (*HOPS, "total", "num_frames", "num_bytes"):
         result[f"ray_{key}" + ("" if key.startswith("num_") else "_ms")] = round(
             statistics.median(timeline[key] for timeline in timelines), 3
         )

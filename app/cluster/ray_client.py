@@ -3,8 +3,11 @@
 Each request goes through the deployment handle as one encoded Submit, with its adapter's content digest
 as Serve's multiplexed model id: Serve sends it to a replica that holds that adapter, else to the one that
 holds the fewest (Power of Two Choices among them); base-model requests are balanced over all replicas.
-The reply streams back as encoded StepOutputs, rebuilt here into RequestOutputs as the process client does.
-A caller that leaves early cancels the stream, and the replica aborts the request and frees its pages.
+The outputs do not come back through Serve: the replica sends each engine step's outputs of all of this
+gateway's requests as one frame over one connection to this gateway's output inbox (``output_inbox.py``),
+where they are rebuilt into RequestOutputs as the process client does. The Serve call returns when the
+request has ended, so Serve counts it as ongoing until then. A caller that leaves early sends an abort on
+that connection (or cancels the call while no output has come yet), and the replica frees its pages.
 
 The gateway keeps the tokenizer, validates adapters itself (it has the model's config) and copies them into
 the store under their digest; ``add_adapter`` only records the name's digest here: a replica registers an
@@ -26,17 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from ray.exceptions import RayError, RayTaskError
+import ray
+from ray.exceptions import RayError, RayTaskError, TaskCancelledError
+from ray.serve.handle import DeploymentResponse
 
 from app.adapters.store import copy_into_store
 from app.cluster.deployment import EngineDeployment, RaySettings, deploy_engine, shut_down
+from app.cluster.output_inbox import OutputInbox
+from app.cluster.output_wire import RunEnded
 from app.engine_clients.interface import AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import EngineDeadError, EngineError, RequestFailedError, UnknownAdapterError
 from engine.lora_adapter import load_lora_adapter
-from engine.output_delta import OutputAssembler
 from engine.worker_protocol import (
     AbortRequests,
     CheckConstraint,
@@ -45,7 +51,6 @@ from engine.worker_protocol import (
     PinAdapter,
     RemoveAdapter,
     Reply,
-    StepOutputs,
     Submit,
     from_wire,
 )
@@ -53,7 +58,7 @@ from engine.worker_protocol import (
 logger = logging.getLogger(__name__)
 
 _encoder = msgspec.msgpack.Encoder()
-_steps = msgspec.msgpack.Decoder(StepOutputs)
+_ended = msgspec.msgpack.Decoder(RunEnded)
 _replies = msgspec.msgpack.Decoder(Reply)
 
 
@@ -82,6 +87,8 @@ class RayEngineClient(TokenizingClient):
         self._deployment: EngineDeployment | None = None
         self._digests: dict[str, str] = {}  # adapter name -> content digest (the replicas' name for it)
         self._live: set[str] = set()  # this gateway's requests in flight (other gateways may share the replicas)
+        self._inbox: OutputInbox | None = None
+        self._watches: set[asyncio.Task[None]] = set()  # each request's wait for its Serve call
 
     async def start(self) -> None:
         """Deploy (or find) the engine replicas and wait until they serve; the tokenizer loads meanwhile."""
@@ -95,6 +102,7 @@ class RayEngineClient(TokenizingClient):
                 deploy_engine, self.config, self.home, self.ray_settings, self.database_url
             )
             self._tokenizer = await tokenizer
+            self._inbox = OutputInbox(await asyncio.to_thread(ray.util.get_node_ip_address))
         except BaseException:
             await asyncio.gather(tokenizer, return_exceptions=True)
             raise
@@ -110,6 +118,9 @@ class RayEngineClient(TokenizingClient):
         if self._live:
             await deployment.directory.broadcast.remote(self._abort_command())
         self._deployment = None
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
         await asyncio.to_thread(shut_down, deployment)
 
     def is_ready(self) -> bool:
@@ -131,40 +142,39 @@ class RayEngineClient(TokenizingClient):
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         digest = None if adapter is None else self._digest(adapter)
-        handle = self.deployment.handle.options(stream=True, multiplexed_model_id=digest or "")
+        inbox = self._inbox_in_use()
+        stream = inbox.open(request_id, prompt_ids)
+        handle = self.deployment.handle.options(multiplexed_model_id=digest or "")
         body = _encoder.encode(Submit(request_id, prompt_ids, params, digest, tenant, weight))
-        stream = handle.generate.remote(body)
-        assembler = OutputAssembler(prompt_ids)
-        finished = False
+        response = handle.run.remote(body, inbox.encoded_address)
+        watch = asyncio.ensure_future(self._watch(inbox, request_id, response))
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
         self._live.add(request_id)
         try:
-            async for chunk in stream:
-                step = _steps.decode(chunk)
-                if step.rejected:
-                    finished = True
-                    raise from_wire(step.rejected[0].error)
-                for delta in step.outputs:
-                    output = assembler.apply(delta)
-                    finished = output.request_finished
-                    if output.error is not None:
-                        raise RequestFailedError(
-                            f"the engine failed while running request {request_id}: {output.error}"
-                        )
-                    yield output
-                if finished:  # the last output is in: the stream's end is one more message, not waited for
-                    return
-        except RayTaskError as error:  # the replica's code raised: a bug, logged on the replica
-            finished = True
-            raise RequestFailedError(f"the engine replica failed request {request_id}: {error}") from error
-        except RayError as error:  # the replica died (killed, out of memory, its node gone)
-            finished = True
-            raise EngineDeadError(
-                f"the engine replica serving request {request_id} died: {type(error).__name__}"
-            ) from error
+            async for output in stream.queue.outputs(request_id):
+                yield output
         finally:
             self._live.discard(request_id)
-            if not finished:  # the caller left early (a client gone): the replica aborts it and frees its pages
-                stream.cancel()
+            if not inbox.leave(request_id):  # the caller left early (a client gone): the replica frees its pages
+                response.cancel()
+
+    @staticmethod
+    async def _watch(inbox: OutputInbox, request_id: str, response: DeploymentResponse) -> None:
+        """Wait for the request's Serve call: it returns once the request has ended, or fails with its replica."""
+        try:
+            ended = _ended.decode(await response)
+        except (asyncio.CancelledError, TaskCancelledError):  # the caller left (its first output, if any, is aborted)
+            return
+        except RayTaskError as error:  # the replica's code raised: a bug, logged on the replica
+            inbox.fail(request_id, RequestFailedError(f"the engine replica failed request {request_id}: {error}"))
+        except RayError as error:  # the replica died (killed, out of memory, its node gone)
+            inbox.fail(
+                request_id,
+                EngineDeadError(f"the engine replica serving request {request_id} died: {type(error).__name__}"),
+            )
+        else:
+            inbox.ended(request_id, ended)
 
     def abort_all(self) -> None:
         """End this gateway's requests in flight (not those of other gateways on the same replicas)."""
@@ -222,6 +232,12 @@ class RayEngineClient(TokenizingClient):
         if digest is None:
             raise UnknownAdapterError(f"unknown adapter {name!r}: add it to the engine first")
         return digest
+
+    def _inbox_in_use(self) -> OutputInbox:
+        if self._inbox is None:
+            raise EngineError("the engine client is not started; call start() first")
+        self._inbox.bind(asyncio.get_running_loop())
+        return self._inbox
 
     def _abort_command(self) -> bytes:
         return _encoder.encode(AbortRequests(sorted(self._live)))

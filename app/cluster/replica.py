@@ -3,9 +3,12 @@
 The worker's step thread builds the engine from the config, so the thread that steps it is the one that built
 it (``engine/engine_build.py`` says why that matters on the CPU).
 
-Requests arrive through Serve's deployment handle as one encoded :class:`Submit` each and stream back as
-encoded :class:`StepOutputs` (every delta of the request that is ready when the reader wakes, so a slow
-reader gets fewer, larger chunks). A request names its adapter by content digest, which is also Serve's
+Requests arrive through Serve's deployment handle as one encoded :class:`Submit` each, with the address of
+the sending gateway's output inbox. Outputs do not go back through Serve: each engine step's outputs of
+all of one gateway's requests leave as one encoded :class:`StepOutputs` frame over one connection to that
+gateway (``output_links.py``), where Ray would carry one streamed object per request per step. The Serve
+call returns when the request has ended, so Serve's count of ongoing requests (its routing and
+``max_ongoing_requests``) holds as with a stream. A request names its adapter by content digest, which is also Serve's
 multiplexed model id: the multiplexed loader fetches the files from the store (``adapter_fetch.py``),
 registers them in the engine under the digest, and Serve's router then sends that adapter's requests here.
 
@@ -26,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,11 @@ from ray import serve
 
 from app.cluster.adapter_fetch import AdapterFetcher
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE
+from app.cluster.output_links import OutputLink, OutputLinks
+from app.cluster.output_wire import InboxAddress, RunEnded
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import EngineDeadError, EngineError
+from engine.errors import EngineDeadError, EngineError, RequestFailedError
 from engine.output_delta import OutputDelta
 from engine.worker import EngineWorker
 from engine.worker_protocol import (
@@ -46,11 +51,11 @@ from engine.worker_protocol import (
     Command,
     GetStats,
     PinAdapter,
-    Rejected,
     RemoveAdapter,
     Reply,
     StepOutputs,
     Submit,
+    WireError,
     decode_command,
     to_wire,
 )
@@ -60,6 +65,7 @@ logger = logging.getLogger(__name__)
 POLL_RETRY_S = 0.5  # between looks for a directory that is restarting
 _encoder = msgspec.msgpack.Encoder()
 _submits = msgspec.msgpack.Decoder(Submit)
+_inboxes = msgspec.msgpack.Decoder(InboxAddress)
 
 
 class _LoadedAdapter:
@@ -77,6 +83,18 @@ class _LoadedAdapter:
         self._replica.unload_threadsafe(self._digest)
 
 
+@dataclass(slots=True)
+class _Running:
+    """A request on this replica: the link its outputs take, and the future its Serve call waits on."""
+
+    link: OutputLink
+    ended: asyncio.Future[WireError | None]
+
+    def end(self, error: WireError | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
+
+
 class EngineReplica:
     """A Serve deployment class: the engine worker of one GPU (or group of CPU cores)."""
 
@@ -87,7 +105,8 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._loop = asyncio.get_running_loop()
         self._fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
-        self._streams: dict[str, asyncio.Queue[OutputDelta | Rejected]] = {}
+        self._running: dict[str, _Running] = {}
+        self._links = OutputLinks(self.replica_id, on_abort=self._abort, on_lost=self._lost)
         self._registered: set[str] = set()  # digests registered in the engine
         self._pinned: set[str] = set()
         self._retiring: set[str] = set()  # unloaded by Serve while requests ran on them
@@ -113,37 +132,35 @@ class EngineReplica:
         if self._poll_task.done():
             raise EngineDeadError("the replica stopped polling the engine directory")
 
-    async def generate(self, body: bytes) -> AsyncIterator[bytes]:
-        """Run one request; its outputs as encoded StepOutputs, until it finishes or is refused."""
+    async def run(self, body: bytes, inbox: bytes) -> bytes:
+        """Run one request (an encoded Submit) for the gateway at ``inbox`` (an encoded InboxAddress).
+
+        Its outputs go over that gateway's output link, with those of the gateway's other requests of the
+        same step. Returns an encoded RunEnded once the request has ended: after its last output was sent,
+        or with the error that refused or ended it. Serve counts the request as ongoing until then.
+        """
         request = _submits.decode(body)
-        if request.adapter is not None:
-            try:
+        try:
+            link = await self._links.get(_inboxes.decode(inbox))
+            if request.adapter is not None:
                 await self._load_adapter(request.adapter)
                 if request.adapter not in self._registered:  # removed by a broadcast since Serve loaded it
                     await self._register(request.adapter)
-            except EngineError as error:
-                yield _encoder.encode(StepOutputs([], [Rejected(request.request_id, to_wire(error))]))
-                return
-            self._retiring.discard(request.adapter)
-        queue: asyncio.Queue[OutputDelta | Rejected] = asyncio.Queue()
-        self._streams[request.request_id] = queue
+                self._retiring.discard(request.adapter)
+        except EngineError as error:
+            return _encoder.encode(RunEnded(self.replica_id, to_wire(error)))
+        ended: asyncio.Future[WireError | None] = self._loop.create_future()
+        self._running[request.request_id] = _Running(link, ended)
         self._worker.submit(request)
-        finished = False
         try:
-            while not finished:
-                items = [await queue.get()]
-                while not queue.empty():
-                    items.append(queue.get_nowait())
-                deltas = [item for item in items if isinstance(item, OutputDelta)]
-                rejected = [item for item in items if isinstance(item, Rejected)]
-                finished = bool(rejected) or any(delta.request_finished for delta in deltas)
-                yield _encoder.encode(StepOutputs(deltas, rejected))
+            error = await ended
         finally:  # cancelled by the caller (a client gone) or ended: an unfinished request is freed now
-            self._streams.pop(request.request_id, None)
-            if not finished:
+            self._running.pop(request.request_id, None)
+            if not ended.done() or ended.cancelled():  # a cancelled wait cancels the future it awaited
                 self._worker.abort(request.request_id)
             if request.adapter in self._retiring:
                 self._loop.create_task(self._unload(request.adapter))
+        return _encoder.encode(RunEnded(self.replica_id, error))
 
     async def check_constraint(self, body: bytes) -> bytes:
         """Compile a structured-output constraint (an encoded CheckConstraint); an encoded Reply."""
@@ -252,10 +269,39 @@ class EngineReplica:
             self._loop.call_soon_threadsafe(self._route, step)
 
     def _route(self, step: StepOutputs) -> None:
-        for item in (*step.outputs, *step.rejected):
-            queue = self._streams.get(item.request_id)
-            if queue is not None:
-                queue.put_nowait(item)
+        """Send each gateway its requests' outputs of this step as one frame; end the requests that finished."""
+        batches: dict[OutputLink, list[OutputDelta]] = {}
+        finished: list[_Running] = []
+        for delta in step.outputs:
+            running = self._running.get(delta.request_id)
+            if running is None:
+                continue
+            batches.setdefault(running.link, []).append(delta)
+            if delta.request_finished:
+                finished.append(running)
+        for link, deltas in batches.items():
+            link.send(StepOutputs(deltas, []))
+        for running in finished:
+            running.end(None)
+        for rejected in step.rejected:
+            running = self._running.get(rejected.request_id)
+            if running is not None:
+                running.end(rejected.error)
+
+    def _abort(self, request_id: str) -> None:
+        """The gateway's caller left: free the request now; its Serve call returns."""
+        running = self._running.get(request_id)
+        if running is not None:
+            self._worker.abort(request_id)
+            running.end(None)
+
+    def _lost(self, link: OutputLink) -> None:
+        """A gateway's link closed: nobody reads its requests' outputs any more, so they end here."""
+        lost = to_wire(RequestFailedError(f"engine replica {self.replica_id} lost its connection to the gateway"))
+        for request_id, running in list(self._running.items()):
+            if running.link is link:
+                self._worker.abort(request_id)
+                running.end(lost)
 
     def _on_death_threadsafe(self, error: BaseException) -> None:
         self._death = error
@@ -264,5 +310,5 @@ class EngineReplica:
 
     def _fail_all(self, error: BaseException) -> None:
         dead = to_wire(EngineDeadError(f"the engine worker {self.replica_id} stopped after an error: {error}"))
-        for request_id, queue in self._streams.items():
-            queue.put_nowait(Rejected(request_id, dead))
+        for running in list(self._running.values()):
+            running.end(dead)

@@ -19,7 +19,7 @@ import ray
 from app.cluster.ray_client import RayEngineClient
 from app.engine_clients.interface import EngineClient
 from app.model_store import resolve_model
-from engine import SamplingParams
+from engine import EngineStats, SamplingParams
 from engine.errors import UnknownAdapterError
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 from tests.app.ray_fixtures import (
@@ -39,6 +39,7 @@ FRESH_SEEDS = range(21, 25)  # adapters no other test registers: no replica has 
 AFFINITY_ROUNDS = 6
 MIN_HIT_RATE = 0.9
 FREE_WAIT_S = 10.0
+SETTLE_S = 1.0
 FRESH_REPLICA_ATTEMPTS = 20  # rounds of two requests until one reaches the restarted replica
 STARTUP_TICKS = 20  # CPU time (1/100 s) a thread spent by the time its replica joined: it did part of the start-up
 MIN_STARTUP_SHARE = 0.5  # of the steps' CPU time, done by such threads; a step thread started after the build: ~0
@@ -145,17 +146,39 @@ async def test_a_cancelled_request_frees_its_pages_on_the_worker(ray_engine, ray
         if len(output.token_ids) >= 3:
             break
     await stream.aclose()
+    stats = await wait_until_idle(ray_engine)
+    assert sum(one.num_generated_tokens for one in stats.values()) < 1000
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.005, 0.02])
+async def test_a_request_left_before_its_first_output_is_freed_on_the_worker(ray_engine, delay_s) -> None:
+    """Left before any output said which replica runs it: Serve's call is cancelled, or its first output aborted."""
+    before = sum(one.num_generated_tokens for one in (await ray_engine.worker_stats()).values())
+    ids = ray_engine.encode_prompt("Count from one to a thousand:")
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    stream = ray_engine.generate(ids, params, f"left-early-{delay_s}", None)
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(delay_s)
+    if not first.done():
+        first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await stream.aclose()
+    await asyncio.sleep(SETTLE_S)  # a request Serve had sent already has reached its engine by now
+    stats = await wait_until_idle(ray_engine)
+    assert sum(one.num_generated_tokens for one in stats.values()) - before < 1000
+
+
+async def wait_until_idle(engine: RayEngineClient) -> dict[str, EngineStats]:
+    """The replicas' stats once no request runs or waits and no K/V page is held (fails after FREE_WAIT_S)."""
     deadline = time.monotonic() + FREE_WAIT_S
     while time.monotonic() < deadline:
-        stats = await ray_engine.worker_stats()
+        stats = await engine.worker_stats()
         if all(
             one.num_running == 0 and one.num_waiting == 0 and not one.pages_by_owner.get("kv") for one in stats.values()
         ):
-            break
+            return stats
         await asyncio.sleep(0.1)
-    else:
-        pytest.fail(f"the cancelled request still holds pages: {stats}")
-    assert sum(one.num_generated_tokens for one in stats.values()) < 1000
+    pytest.fail(f"a request left by its caller still holds pages: {stats}")
 
 
 async def test_usage_rows_are_the_same_as_with_the_local_engine(
