@@ -82,7 +82,11 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
                 f"LORAPLEX_ENGINE=ray needs Ray Serve ({error}); install it with pip install 'loraplex[ray]'"
             ) from None
         ray_settings = RaySettings(
-            settings.ray_address, settings.ray_replicas, settings.ray_replica_cpus, settings.ray_replica_gpus
+            settings.ray_address,
+            settings.ray_replicas,
+            settings.ray_replica_cpus,
+            settings.ray_replica_gpus,
+            settings.ray_output_port,
         )
         return RayEngineClient(config, name, settings.home, ray_settings, database_url)
     return ProcessEngineClient(config, name)

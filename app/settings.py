@@ -58,6 +58,7 @@ class Range:
 # Every whole-number setting and its range, checked when the settings are read (so at start).
 INT_RANGES: dict[str, Range] = {
     "LORAPLEX_RAY_REPLICAS": Range(),
+    "LORAPLEX_RAY_OUTPUT_PORT": Range(0, 65535, "a TCP port; 0 takes any free one"),
     "LORAPLEX_POOL_MB": Range(),
     "LORAPLEX_MAX_NUM_SEQS": Range(
         1, MAX_NUM_SEQS_LIMIT, f"the engine decodes at most {MAX_NUM_SEQS_LIMIT} tokens a step, one per sequence"
@@ -119,6 +120,10 @@ class Settings:
 
     ray_replica_gpus: float = 0.0
     """GPUs Ray gives each engine replica (LORAPLEX_RAY_REPLICA_GPUS)."""
+
+    ray_output_port: int = 0
+    """The port on this node where the engine replicas send this server the outputs of its requests
+    (LORAPLEX_RAY_OUTPUT_PORT); 0: any free port. Fix it where a firewall must let the replicas' nodes in."""
 
     pool_bytes: int | None = None
     """Bytes of the engine's page pool (LORAPLEX_POOL_MB, in MiB); None: the engine's default."""
@@ -214,6 +219,7 @@ class Settings:
             ray_replicas=_int(env, "LORAPLEX_RAY_REPLICAS", 1),
             ray_replica_cpus=_amount(env, "LORAPLEX_RAY_REPLICA_CPUS", None),
             ray_replica_gpus=_amount(env, "LORAPLEX_RAY_REPLICA_GPUS", 0.0),
+            ray_output_port=_int(env, "LORAPLEX_RAY_OUTPUT_PORT", 0),
             pool_bytes=None if pool_mb is None else pool_mb * 1024**2,
             max_num_seqs=_int(env, "LORAPLEX_MAX_NUM_SEQS", 64),
             dtype=_choice(env, "LORAPLEX_DTYPE", DTYPES),

@@ -60,6 +60,8 @@ class RaySettings:
     """CPUs Ray reserves for each replica (its torch threads follow, when at least 1); None: this machine's
     cores shared equally among the replicas (a cluster's operator says how many its GPU nodes give each)."""
     replica_gpus: float = 0.0
+    output_port: int = 0
+    """The port on the gateway's node where replicas send it its requests' outputs; 0: any free port."""
 
 
 @dataclass(frozen=True, slots=True)

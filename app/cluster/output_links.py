@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from app.cluster.output_wire import Hello, InboxAddress
 from app.engine_clients.channel import FrameChannel
-from engine.errors import EngineError
+from engine.errors import EngineDeadError
 from engine.worker_protocol import Abort, StepOutputs, decode_command, frame
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ class OutputLinks:
         self._connecting: dict[InboxAddress, asyncio.Future[OutputLink]] = {}
 
     async def get(self, address: InboxAddress) -> OutputLink:
-        """The link to the gateway at ``address``, connected now if there is none (EngineError if unreachable)."""
+        """The link to the gateway at ``address``, connected now if there is none (EngineDeadError if unreachable:
+        the request is refused with it, a 503 for the client, rather than run unheard)."""
         link = self._links.get(address)
         if link is not None:
             return link
@@ -84,7 +85,7 @@ class OutputLinks:
                 sock.close()
                 raise
         except (OSError, TimeoutError) as error:
-            raise EngineError(
+            raise EngineDeadError(
                 f"engine replica {self.replica_id} could not connect to the gateway's output port "
                 f"{address.host}:{address.port}: {error or type(error).__name__}"
             ) from error

@@ -102,7 +102,8 @@ class RayEngineClient(TokenizingClient):
                 deploy_engine, self.config, self.home, self.ray_settings, self.database_url
             )
             self._tokenizer = await tokenizer
-            self._inbox = OutputInbox(await asyncio.to_thread(ray.util.get_node_ip_address))
+            host = await asyncio.to_thread(ray.util.get_node_ip_address)
+            self._inbox = OutputInbox(host, self.ray_settings.output_port)
         except BaseException:
             await asyncio.gather(tokenizer, return_exceptions=True)
             raise

@@ -43,7 +43,7 @@ from app.cluster.output_links import OutputLink, OutputLinks
 from app.cluster.output_wire import InboxAddress, RunEnded
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.errors import EngineDeadError, EngineError, RequestFailedError
+from engine.errors import EngineDeadError, EngineError
 from engine.output_delta import OutputDelta
 from engine.worker import EngineWorker
 from engine.worker_protocol import (
@@ -297,7 +297,7 @@ class EngineReplica:
 
     def _lost(self, link: OutputLink) -> None:
         """A gateway's link closed: nobody reads its requests' outputs any more, so they end here."""
-        lost = to_wire(RequestFailedError(f"engine replica {self.replica_id} lost its connection to the gateway"))
+        lost = to_wire(EngineDeadError(f"engine replica {self.replica_id} lost its connection to the gateway"))
         for request_id, running in list(self._running.items()):
             if running.link is link:
                 self._worker.abort(request_id)

@@ -56,10 +56,14 @@ def test_bad_engine_settings_say_what_to_fix(env: dict[str, str], message: str) 
 @pytest.mark.default_model
 def test_the_settings_pick_the_engine_client(data_home) -> None:
     local = make_engine(Settings(home=data_home, model="default"))
-    ray = make_engine(Settings(home=data_home, model="default", engine="ray", ray_replicas=3, ray_replica_cpus=0.5))
+    ray = make_engine(
+        Settings(
+            home=data_home, model="default", engine="ray", ray_replicas=3, ray_replica_cpus=0.5, ray_output_port=7010
+        )
+    )
     assert isinstance(local, ProcessEngineClient)
     assert isinstance(ray, RayEngineClient)
-    assert ray.ray_settings == RaySettings(None, 3, 0.5, 0.0)
+    assert ray.ray_settings == RaySettings(None, 3, 0.5, 0.0, 7010)
 
 
 def test_worker_stats_add_up_across_replicas() -> None:

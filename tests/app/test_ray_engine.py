@@ -13,14 +13,18 @@ import signal
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import ray
 
+from app.cluster.output_inbox import OutputInbox
+from app.cluster.output_wire import RunEnded
 from app.cluster.ray_client import RayEngineClient
 from app.engine_clients.interface import EngineClient
 from app.model_store import resolve_model
 from engine import EngineStats, SamplingParams
 from engine.errors import UnknownAdapterError
+from engine.worker_protocol import Submit
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 from tests.app.ray_fixtures import (
     NUM_REPLICAS,
@@ -166,6 +170,22 @@ async def test_a_request_left_before_its_first_output_is_freed_on_the_worker(ray
     await asyncio.sleep(SETTLE_S)  # a request Serve had sent already has reached its engine by now
     stats = await wait_until_idle(ray_engine)
     assert sum(one.num_generated_tokens for one in stats.values()) - before < 1000
+
+
+async def test_a_gateway_whose_inbox_closes_has_its_requests_ended_on_the_replica(ray_engine) -> None:
+    """A gateway gone (its inbox closed) mid-request: the replica aborts the request and its call says why."""
+    inbox = OutputInbox(ray_engine._inbox_in_use().address.host)
+    inbox.bind(asyncio.get_running_loop())
+    ids = ray_engine.encode_prompt("Count from one to a thousand:")
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    stream = inbox.open("orphaned", ids)
+    body = msgspec.msgpack.encode(Submit("orphaned", ids, params, None, None, 1.0))
+    call = ray_engine.deployment.handle.run.remote(body, inbox.encoded_address)
+    await asyncio.wait_for(stream.queue.queue.get(), FREE_WAIT_S)  # it runs, its outputs reach the inbox
+    inbox.close()
+    ended = msgspec.msgpack.decode(await asyncio.wait_for(call, FREE_WAIT_S), type=RunEnded)
+    assert ended.error is not None and "lost its connection to the gateway" in ended.error.message
+    await wait_until_idle(ray_engine)
 
 
 async def wait_until_idle(engine: RayEngineClient) -> dict[str, EngineStats]:

@@ -43,6 +43,7 @@ TABLE = [
     Row("LORAPLEX_RAY_REPLICAS", "ray_replicas", "4", 4, (("0", "at least 1"), *WHOLE_NUMBER)),
     Row("LORAPLEX_RAY_REPLICA_CPUS", "ray_replica_cpus", "1.5", 1.5, (("-1", "at least 0"), ("inf", "at least 0"))),
     Row("LORAPLEX_RAY_REPLICA_GPUS", "ray_replica_gpus", "0.5", 0.5, (("nan", "at least 0"), ("x", "a number"))),
+    Row("LORAPLEX_RAY_OUTPUT_PORT", "ray_output_port", "7010", 7010, (("65536", "0 to 65535"), *WHOLE_NUMBER)),
     Row("LORAPLEX_POOL_MB", "pool_bytes", "256", 256 * MIB, (("0", "at least 1"), *WHOLE_NUMBER)),
     Row(
         "LORAPLEX_MAX_NUM_SEQS",
