@@ -24,7 +24,7 @@ import msgspec
 
 from app.cluster.output_wire import Hello, InboxAddress, RunEnded
 from app.engine_clients.channel import FrameChannel
-from engine.errors import EngineDeadError, EngineError
+from engine.errors import EngineDeadError, EngineError, RequestError
 from engine.output_delta import OutputAssembler
 from engine.output_queue import OutputQueue
 from engine.worker_protocol import Abort, StepOutputs, frame, from_wire
@@ -32,6 +32,7 @@ from engine.worker_protocol import Abort, StepOutputs, frame, from_wire
 logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 64
+LINK_WAIT_S = 5.0  # how long a request whose call returned waits for its replica's connection to show
 ABANDONED_S = 600.0  # how long a request left before its first output may still start on a replica
 _hellos = msgspec.msgpack.Decoder(Hello)
 _steps = msgspec.msgpack.Decoder(StepOutputs)
@@ -110,7 +111,7 @@ class OutputInbox:
 
     def open(self, request_id: str, prompt_ids: list[int]) -> InboxStream:
         if request_id in self._streams:
-            raise EngineError(f"request id {request_id!r} is already in use")
+            raise RequestError(f"request id {request_id!r} is already in use")
         stream = InboxStream(OutputQueue(asyncio.get_running_loop()), OutputAssembler(prompt_ids))
         self._streams[request_id] = stream
         return stream
@@ -135,14 +136,19 @@ class OutputInbox:
         stream = self._streams.get(request_id)
         if stream is None:
             return
-        if stream is None:
-            return
         if result.error is not None:
             self._end(stream, from_wire(result.error))
             return
-        stream.replica_id = result.replica_id
-        if not stream.complete and result.replica_id not in self._links:  # its last frame cannot come any more
-            self._end(stream, EngineDeadError(f"the connection from engine replica {result.replica_id} closed"))
+        stream.replica_id = result.replica_id  # a connection of its replica's that closes now ends it
+        if not stream.complete and result.replica_id not in self._links and self._loop is not None:
+            # The last frame was sent before the call returned, but its connection is not here: it may still be
+            # on its way (a new connection not read yet), or closed already.
+            self._loop.call_later(LINK_WAIT_S, self._cut_off, request_id, stream)
+
+    def _cut_off(self, request_id: str, stream: InboxStream) -> None:
+        waiting = self._streams.get(request_id) is stream and not stream.complete and not stream.ended
+        if waiting and stream.replica_id not in self._links:
+            self._end(stream, EngineDeadError(f"the connection from engine replica {stream.replica_id} closed"))
 
     def fail(self, request_id: str, error: EngineError) -> None:
         """The request's Serve call failed (the replica died, or its code raised)."""

@@ -63,8 +63,13 @@ class OutputLinks:
         if connecting is None:  # the requests that arrive meanwhile wait for the same connection
             connecting = asyncio.ensure_future(self._connect(address))
             self._connecting[address] = connecting
-            connecting.add_done_callback(lambda _: self._connecting.pop(address, None))
+            connecting.add_done_callback(lambda done: self._connected(address, done))
         return await asyncio.shield(connecting)
+
+    def _connected(self, address: InboxAddress, done: asyncio.Future[OutputLink]) -> None:
+        self._connecting.pop(address, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here too: every request that waited for it may have been cancelled
 
     def forget(self, link: OutputLink) -> None:
         if self._links.get(link.address) is link:

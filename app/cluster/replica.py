@@ -8,9 +8,11 @@ the sending gateway's output inbox. Outputs do not go back through Serve: each e
 all of one gateway's requests leave as one encoded :class:`StepOutputs` frame over one connection to that
 gateway (``output_links.py``), where Ray would carry one streamed object per request per step. The Serve
 call returns when the request has ended, so Serve's count of ongoing requests (its routing and
-``max_ongoing_requests``) holds as with a stream. A request names its adapter by content digest, which is also Serve's
-multiplexed model id: the multiplexed loader fetches the files from the store (``adapter_fetch.py``),
-registers them in the engine under the digest, and Serve's router then sends that adapter's requests here.
+``max_ongoing_requests``) holds as with a stream.
+
+A request names its adapter by content digest, which is also Serve's multiplexed model id: the
+multiplexed loader fetches the files from the store (``adapter_fetch.py``), registers them in the engine
+under the digest, and Serve's router then sends that adapter's requests here.
 
 Capacity. Serve counts models per replica; our pool counts pages. Serve's count is set from the pool when
 the replica starts (``AdapterCache.capacity()``: rank-16 all-projection adapters in half the pool, bounded
@@ -152,6 +154,8 @@ class EngineReplica:
         ended: asyncio.Future[WireError | None] = self._loop.create_future()
         self._running[request.request_id] = _Running(link, ended)
         self._worker.submit(request)
+        if link.channel.closed:  # closed while the adapter loaded: nobody would read the outputs
+            self._lost(link)
         try:
             error = await ended
         finally:  # cancelled by the caller (a client gone) or ended: an unfinished request is freed now

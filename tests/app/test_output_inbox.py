@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from app.cluster import output_inbox
 from app.cluster.output_inbox import OutputInbox
 from app.cluster.output_wire import Hello, RunEnded
 from engine.errors import EngineDeadError, UnknownAdapterError
@@ -99,16 +100,28 @@ async def test_a_closed_connection_ends_its_replicas_requests_with_engine_dead(i
             pass
 
 
-async def test_the_calls_end_refuses_or_cuts_off_a_request(inbox) -> None:
+async def test_the_calls_end_refuses_or_cuts_off_a_request(inbox, monkeypatch) -> None:
+    monkeypatch.setattr(output_inbox, "LINK_WAIT_S", 0.05)
     refused = inbox.open("r1", PROMPT)
     inbox.ended("r1", RunEnded("replica-a", to_wire(UnknownAdapterError("no adapter abc"))))
     with pytest.raises(UnknownAdapterError, match="abc"):
         await refused.queue.outputs("r1").__anext__()
-    cut = inbox.open("r2", PROMPT)  # the call returned, but no connection from its replica carries its last output
+    cut = inbox.open("r2", PROMPT)  # the call returned; no connection from its replica shows to bring its last output
     inbox.ended("r2", RunEnded("replica-b", None))
     with pytest.raises(EngineDeadError, match="replica-b"):
         await cut.queue.outputs("r2").__anext__()
     assert inbox.leave("r1") and inbox.leave("r2")
+
+
+async def test_a_call_that_returns_before_its_replicas_first_frame_is_read_waits_for_it(inbox) -> None:
+    stream = inbox.open("r1", PROMPT)
+    inbox.ended("r1", RunEnded("replica-a", None))  # the reply beat the new connection's first frame
+    _, writer = await connect(inbox)
+    writer.write(frame(StepOutputs([delta("r1", 7, True)], [])))
+    await writer.drain()
+    outputs = [output async for output in stream.queue.outputs("r1")]
+    assert len(outputs) == 1 and outputs[0].token_ids == [7]
+    writer.close()
 
 
 async def test_the_inbox_listens_on_the_host_it_is_given_with_a_fresh_token() -> None:
