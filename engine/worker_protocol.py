@@ -227,7 +227,7 @@ _events = msgspec.msgpack.Decoder(Event)
 
 
 def frame(message: msgspec.Struct) -> bytes:
-    """``message`` (a Command, an Event, or another message sent on a byte stream) as one frame: its length, then its body."""
+    """``message`` (a Command, an Event, or another message on a byte stream) as one frame: its length, its body."""
     body = _encoder.encode(message)
     return len(body).to_bytes(FRAME_HEADER_BYTES, "big") + body
 
