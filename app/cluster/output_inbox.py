@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import msgspec
 
 from app.cluster.output_wire import Hello, InboxAddress, RunEnded
-from app.engine_clients.channel import FrameChannel
+from app.engine_clients.channel import FrameChannel, stays_on
 from engine.errors import EngineDeadError, EngineError, RequestError
 from engine.output_delta import OutputAssembler
 from engine.output_queue import OutputQueue
@@ -97,9 +97,7 @@ class OutputInbox:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve ``loop`` from now on, unless the loop served so far still runs."""
         current = self._loop
-        if self._closed or current is loop:
-            return
-        if current is not None and not current.is_closed() and current.is_running():
+        if self._closed or stays_on(current, loop):
             return
         if current is not None and not current.is_closed():
             with contextlib.suppress(RuntimeError, ValueError, OSError):

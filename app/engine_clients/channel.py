@@ -30,6 +30,12 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def stays_on(current: asyncio.AbstractEventLoop | None, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether something served by ``current`` stays there rather than move to ``loop``: it is ``loop``
+    already, or it still runs (and goes on serving everyone); a stopped or closed loop is left."""
+    return current is loop or (current is not None and not current.is_closed() and current.is_running())
+
+
 class FrameChannel:
     """A socket carrying frames both ways; ``on_frame`` gets each body, ``on_close`` is called once at the end."""
 
@@ -52,10 +58,7 @@ class FrameChannel:
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve ``loop`` from now on, unless the loop served so far still runs (it goes on reading for everyone)."""
-        current = self._loop
-        if self._closed or current is loop:
-            return
-        if current is not None and not current.is_closed() and current.is_running():
+        if self._closed or stays_on(self._loop, loop):
             return
         self._detach()
         self._loop = loop
