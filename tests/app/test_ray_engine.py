@@ -286,9 +286,23 @@ async def test_a_replica_killed_mid_stream_ends_its_streams_with_an_error_and_th
         assert doomed_row.status == "error" and other_row.status == "ok" and other_row.completion_tokens == 60
         assert len(rows) == len(ray_adapters) + 2, "exactly one usage row per request"
 
-        await asyncio.to_thread(wait_for_replicas, NUM_REPLICAS, victim)  # Serve started a new replica
+        joined = await asyncio.to_thread(wait_for_replicas, NUM_REPLICAS, victim)  # Serve started a new replica
         again = await client.post("/v1/chat/completions", json=chat_body(victim_adapter), headers=tenant.headers)
         assert again.status_code == 200, again.text
+        # The gateway's router hears of the new replica from Serve's controller a moment later; the tests
+        # after this one count on both replicas taking requests.
+        fresh = next(replica for replica in joined if replica != holder[survivor_adapter])
+        await _until_it_serves(ray_engine, fresh)
+
+
+async def _until_it_serves(engine: RayEngineClient, replica: str) -> None:
+    """Send rounds of two base-model requests until ``replica`` has served one (fails after a number of rounds)."""
+    for attempt in range(FRESH_REPLICA_ATTEMPTS):
+        served_before = generated_by_replica(await engine.worker_stats())
+        await asyncio.gather(*(_generate(engine, f"settle-{replica}-{attempt}-{i}", None) for i in range(2)))
+        if generated_by_replica(await engine.worker_stats()).get(replica, 0) > served_before.get(replica, 0):
+            return
+    pytest.fail(f"no request reached the restarted replica {replica} in {FRESH_REPLICA_ATTEMPTS} rounds")
 
 
 async def test_pins_abort_all_and_removals_reach_every_replica(ray_engine, data_home, tmp_path) -> None:
