@@ -1,4 +1,4 @@
-"""A tenant's chat template cannot burn unbounded time or memory: each attack is refused within ~1.5 s.
+"""A tenant's chat template cannot burn unbounded time or memory: each attack is refused within its 1 s budget.
 
 Model-free: each case compiles and renders a template; the real-request case is in
 tests/app/test_adapter_chat_templates.py.
@@ -23,18 +23,16 @@ from app.tool_calls.templates import (
 MAX_REFUSAL_SECONDS = 1.5  # the 1 s budget, and room for a shared machine
 SCHEMA_TOOLS_TEMPLATE = Path(__file__).parent / "data" / "schema_tools.jinja"
 
-# (case id, template source, words the refusal must hold)
-ATTACKS = [
-    (
-        "nested-loops",
-        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-        "ran longer than 1 s",
-    ),
+# Attacks only the clock stops: (case id, template source)
+CLOCK_ATTACKS = [
+    ("nested-loops", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
     (
         "macro-fan-out",
         "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
-        "ran longer than 1 s",
     ),
+]
+# Attacks a size bound stops before they build anything large: (case id, template source, words the refusal must hold)
+SIZE_ATTACKS = [
     ("string-repetition", "{{ 'x' * 10**10 }}", "`*` (repetition)"),
     ("list-repetition", "{{ ([1] * 10**9) | length }}", "`*` (repetition)"),
     (
@@ -75,13 +73,24 @@ ATTACKS = [
 ]
 
 
-@pytest.mark.parametrize(("source", "words"), [pytest.param(s, w, id=case) for case, s, w in ATTACKS])
-def test_each_attack_is_refused_within_the_budget_saying_why(source: str, words: str) -> None:
+@pytest.mark.parametrize("source", [pytest.param(s, id=case) for case, s in CLOCK_ATTACKS])
+def test_each_endless_render_is_stopped_by_the_clock(source: str) -> None:
     template = ChatTemplate(source)
     started = time.monotonic()
-    with pytest.raises(ChatTemplateError) as refused:
+    with pytest.raises(ChatTemplateError, match="ran longer than 1 s"):
         template.render(SAMPLE_MESSAGES, SAMPLE_TOOLS)
     assert time.monotonic() - started < MAX_REFUSAL_SECONDS
+
+
+@pytest.mark.parametrize(("source", "words"), [pytest.param(s, w, id=case) for case, s, w in SIZE_ATTACKS])
+def test_each_growing_value_is_refused_by_its_bound_saying_why(source: str, words: str) -> None:
+    # Traced as a tenant's template is, with a clock that cannot fire first: the refusal must be the size
+    # bound's. Its CPU time, not the wall clock, measures the work (a loaded machine stalls the wall clock).
+    template = ChatTemplate(source, max_render_seconds=60.0)
+    started = time.thread_time()
+    with pytest.raises(ChatTemplateError) as refused:
+        template.render(SAMPLE_MESSAGES, SAMPLE_TOOLS)
+    assert time.thread_time() - started < MAX_RENDER_SECONDS  # ~0.2 s at most here (doubling-by-plus)
     assert words in str(refused.value)
 
 
