@@ -1,4 +1,8 @@
-"""The engine: requests in, tokens out, one step at a time (schedule, run, update)."""
+"""The engine: requests in, tokens out, one step at a time.
+
+:class:`Engine` builds the model, the page pool and the scheduler, registers adapters, and checks and
+queues requests; its :class:`~engine.step_runner.StepRunner` runs each step (schedule, run, update).
+"""
 
 import itertools
 import logging
@@ -26,16 +30,12 @@ from engine.page_pool import make_pool
 from engine.precision import dtype_name
 from engine.request_limits import RequestLimits
 from engine.request_queue import FifoQueue, RequestQueue
-from engine.sampler import sample
-from engine.sampling_batch import build_sampling_batch
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from engine.sequence import DEFAULT_TENANT, FinishReason, Sequence
+from engine.scheduler import Scheduler
+from engine.sequence import DEFAULT_TENANT, Sequence
 from engine.speculation import Speculator
-from engine.step_batch import build_step_batch
-from engine.step_result import StepResult, fork_choices, prompt_scores
+from engine.step_runner import StepRunner
 from engine.token_bytes import TokenBytes
-from engine.verification import Verified, accept, generator_states, rewind_generators
 from engine.weights import load_weights
 
 if TYPE_CHECKING:
@@ -99,9 +99,18 @@ class Engine:
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         )
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids))
-        self._requests: dict[str, list[Sequence]] = {}  # every choice of each unfinished request
+        self._runner = StepRunner(
+            model=self.model,
+            model_config=self.model_config,
+            pool=self.pool,
+            kv=self.kv,
+            scheduler=self.scheduler,
+            speculator=self.speculator,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            kernels=self.kernels,
+        )
         self._ids = itertools.count()
-        self._totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
         logger.info(
             "engine ready: %s on %s with the %s kernels, %d pages of %d tokens (%.0f MiB); %s",
             folder.name,
@@ -162,7 +171,7 @@ class Engine:
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.limits.check(prompt_ids, params, entry.layout.num_pages if entry is not None else None)
         request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._requests:
+        if self._runner.has_request(request_id):
             raise RequestError(f"request id {request_id!r} is already in use")
         if params.constraint is not None and grammar is None:
             grammar = self.grammars.compile(params.constraint)
@@ -177,36 +186,12 @@ class Engine:
             fork_pending=params.n > 1,
             grammar=GrammarState(grammar) if params.constraint is not None else None,
         )
-        if entry is not None:
-            entry.num_requests += 1
-        self._requests[request_id] = [seq]
-        self.scheduler.add(seq)
+        self._runner.add(seq)
         return request_id
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """Stop every unfinished choice of a request now and free its pages; their last outputs (none if unknown)."""
-        choices = self._requests.pop(request_id, [])
-        outputs = []
-        for seq in choices:
-            if seq.finish_reason is None:
-                self._finish(seq, FinishReason.ABORT)
-                outputs.append(RequestOutput.of(seq, [], seq.detokenizer.flush(), request_finished=True))
-        return outputs
-
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.scheduler.finish(seq, reason)
-        if seq.adapter is not None:
-            seq.adapter.num_requests -= 1
-
-    def _request_finished(self, seq: Sequence) -> bool:
-        """Whether every choice of ``seq``'s request has finished (the request is then forgotten)."""
-        choices = self._requests.get(seq.request_id)
-        if choices is None:
-            return True
-        if any(choice.finish_reason is None or choice.fork_pending for choice in choices):
-            return False
-        del self._requests[seq.request_id]
-        return True
+        return self._runner.abort(request_id)
 
     def set_tenant_weight(self, tenant: str, weight: float) -> None:
         """Give ``tenant`` ``weight`` times the service of a tenant of weight 1 (the default) under the fair policy.
@@ -226,135 +211,11 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output for every request that got a token or finished.
 
-        A failure is contained to the requests it belongs to: when the batched forward pass raises, each
-        scheduled sequence runs again on its own, and only those that fail alone finish with reason
-        "error" (and the error in their output); the others go on as if nothing happened. Running a
-        chunk again is safe: it writes the same K/V into the same slots.
+        A failure is contained to the requests it belongs to: only the sequences that fail on their own
+        finish with reason "error" (and the error in their output); the others go on as if nothing
+        happened (:meth:`StepRunner.step` says how).
         """
-        scheduled = self.scheduler.schedule()
-        self._totals["preemptions"] += len(scheduled.preempted_ids)
-        self.pool.copy_pages(self.kv.take_copies())
-        failed: list[RequestOutput] = []
-        try:
-            result = self._run(scheduled.scheduled)
-        except Exception:
-            logger.exception("a step of %d sequences failed; running each on its own", len(scheduled.scheduled))
-            scheduled, result, failed = self._run_each(scheduled)
-        return failed + self._update(scheduled, result)
-
-    def _run(self, items: tuple[ScheduledSeq, ...]) -> StepResult:
-        """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork).
-
-        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more.
-        """
-        if not items:
-            return StepResult()
-        batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels)
-        logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
-        num_sampled = len(batch.sampled_seqs)
-        rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
-        sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
-        sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
-        states = generator_states(seqs)
-        out = sample(sampled_logits, sampling, self.kernels)
-        verified = accept(seqs, out.token_ids, out.logprobs)
-        rewind_generators(states, verified)
-        return StepResult(
-            sampled=verified,
-            scores=prompt_scores(batch, logits[num_sampled:]),
-            forks=forks,
-        )
-
-    def _run_each(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, StepResult, list[RequestOutput]]:
-        """After a failed step: run every sequence alone; fail those that fail alone, keep the others' tokens."""
-        kept: list[ScheduledSeq] = []
-        result = StepResult()
-        failed: list[RequestOutput] = []
-        for item in scheduled.scheduled:
-            try:
-                alone = self._run((item,))
-            except Exception as error:
-                failed.append(self._fail(item.seq, error))
-                continue
-            result.sampled += alone.sampled
-            result.scores += alone.scores
-            result.forks += alone.forks
-            kept.append(item)
-        num_kept_tokens = sum(item.num_new_tokens for item in kept)
-        return SchedulerOutput(tuple(kept), scheduled.preempted_ids, num_kept_tokens), result, failed
-
-    def _fail(self, seq: Sequence, error: Exception) -> RequestOutput:
-        """Finish ``seq`` with reason "error" and free its pages; its output carries the error for the logs."""
-        logger.error("request %s failed in the engine", seq.request_id, exc_info=error)
-        seq.fork_pending = False  # its choices will never be forked: the request ends with this one
-        self._finish(seq, FinishReason.ERROR)
-        return RequestOutput.of(
-            seq, [], "", error=f"{type(error).__name__}: {error}", request_finished=self._request_finished(seq)
-        )
-
-    def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
-        for item in scheduled.scheduled:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            self._totals["prefill"] += max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens) - start)
-        self.scheduler.update(scheduled)
-        for seq, scores in result.scores:
-            seq.prompt_logprobs.extend(scores)
-            seq.prompt_logprobs_done = len(seq.prompt_logprobs) == seq.num_prompt_tokens
-        for parent, children in result.forks:
-            self._fork(parent, children)
-        outputs = []
-        for verified in result.sampled:
-            seq = verified.seq
-            if seq.index == 0 and seq.num_output_tokens == 0 and seq.num_preemptions == 0:
-                self._totals["prompt"] += seq.num_prompt_tokens
-                self._totals["cached"] += seq.num_cached_tokens
-            if seq.params.max_tokens == 0:  # the prompt was only to be scored
-                self._finish(seq, FinishReason.LENGTH)
-                outputs.append(RequestOutput.of(seq, [], "", request_finished=self._request_finished(seq)))
-                continue
-            try:
-                token_ids, delta = self._append(verified)
-            except Exception as error:  # e.g. detokenizing or a stop check: only this request fails
-                outputs.append(self._fail(seq, error))
-                continue
-            if seq.finish_reason is not None:
-                self._finish(seq, seq.finish_reason)
-            outputs.append(RequestOutput.of(seq, token_ids, delta, request_finished=self._request_finished(seq)))
-        return outputs
-
-    def _append(self, verified: Verified) -> tuple[list[int], str]:
-        """Give a sequence its tokens from the step, in order, until one ends it; the tokens taken and their text.
-
-        A speculating sequence's accepted proposal becomes computed KV; the blocks of the rest go back.
-        """
-        seq = verified.seq
-        token_ids: list[int] = []
-        delta = ""
-        for token_id, logprob in zip(verified.token_ids, verified.logprobs, strict=True):
-            self._totals["generated"] += 1
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            delta += seq.append_token(token_id)
-            token_ids.append(token_id)
-            if seq.finish_reason is not None:
-                break
-        if verified.num_proposed:
-            num_accepted = len(verified.token_ids) - 1
-            self.speculator.record(seq, verified.num_proposed, num_accepted)
-            if seq.finish_reason is None:
-                self.scheduler.verified(seq, num_accepted)
-        return token_ids, delta
-
-    def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
-        """Start ``children`` from ``parent``'s computed prompt: its blocks shared, each choice on its own from now."""
-        parent.fork_pending = False
-        for child in children:
-            self.kv.fork(parent, child)
-            child.prompt_logprobs_done = parent.prompt_logprobs_done
-            if child.adapter is not None:
-                child.adapter.num_requests += 1
-        self.scheduler.add_forked(parent, children)
-        self._requests[parent.request_id] += children
+        return self._runner.step()
 
     # Conveniences ---------------------------------------------------------------------------------
 
@@ -399,11 +260,11 @@ class Engine:
             num_waiting=len(self.scheduler.admission),
             num_resident_adapters=self.adapters.num_resident,
             num_registered_adapters=len(self.adapters.names()),
-            num_preemptions=self._totals["preemptions"],
-            num_prompt_tokens=self._totals["prompt"],
-            num_cached_prompt_tokens=self._totals["cached"],
-            num_generated_tokens=self._totals["generated"],
-            num_prefill_tokens=self._totals["prefill"],
+            num_preemptions=self._runner.totals["preemptions"],
+            num_prompt_tokens=self._runner.totals["prompt"],
+            num_cached_prompt_tokens=self._runner.totals["cached"],
+            num_generated_tokens=self._runner.totals["generated"],
+            num_prefill_tokens=self._runner.totals["prefill"],
             num_kv_blocks_allocated=self.kv.num_blocks_allocated,
             scheduling_policy=self.config.scheduling_policy,
             tenant_counters=self.scheduler.admission.counters(),

@@ -1,6 +1,6 @@
 """What one forward pass produced: sampled tokens, prompt logprobs, and the choices forked from a prompt.
 
-The engine applies a :class:`StepResult` to its sequences after the step (``Engine._update``); nothing
+The engine applies a :class:`StepResult` to its sequences after the step (``StepRunner._update``); nothing
 here registers anything, so a failed step simply drops what it made.
 """
 
@@ -18,7 +18,7 @@ from engine.verification import DraftPosition, Verified
 
 @dataclass(slots=True)
 class StepResult:
-    """What one forward pass produced, applied to the sequences by ``Engine._update``."""
+    """What one forward pass produced, applied to the sequences by ``StepRunner._update``."""
 
     sampled: list[Verified] = field(default_factory=list)  # each sampled sequence's tokens (several when it speculated)
     scores: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)  # prompt logprobs
@@ -30,7 +30,7 @@ def fork_choices(
 ) -> tuple[list[int], list[Sequence | DraftPosition], list[tuple[Sequence, list[Sequence]]]]:
     """Each sampled row's sequence, plus new choices for the prompts that fork now (their rows repeated).
 
-    The new choices are not registered anywhere yet (``Engine._update`` does it), so a failed step drops them.
+    The new choices are not registered anywhere yet (``StepRunner._update`` does it), so a failed step drops them.
     """
     rows: list[int] = []
     seqs: list[Sequence | DraftPosition] = []
