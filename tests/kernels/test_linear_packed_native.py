@@ -78,6 +78,30 @@ def test_a_rows_result_is_the_same_bits_in_any_batch(native, seed: int):
     assert torch.equal(linear_packed(x, packed, bias, 3072)[699], alone[2]), f"seed={seed}"
 
 
+@pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "int8"])
+def test_the_same_bits_on_any_number_of_threads(native, weight_format: str, seed: int):
+    # 3 and 5 threads on this machine's cores finish their shares at different times, so panels are taken
+    # from the back of other threads' shares; a panel run twice or never would show as a difference.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(70, 576, generator=gen)  # [rows, in]
+    weight = torch.randn(3072, 576, generator=gen) / 24  # [out, in]: 64 panels of 48 (128 of 24 on AVX2)
+    scales = None
+    if weight_format == "int8":
+        weight, scales = quantize_int8(weight)
+    packed = pack_linear_weight(weight.to(torch.bfloat16) if weight_format == "bfloat16" else weight)
+    bias = torch.randn(3072, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = linear_packed(x, packed, bias, 3072, scales)  # [rows, out]
+        for num_threads in (2, 3, 5):
+            torch.set_num_threads(num_threads)
+            for _ in range(5):
+                assert torch.equal(linear_packed(x, packed, bias, 3072, scales), expected), f"seed={seed}"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bad_inputs_are_refused(native):
     weight = torch.randn(100, 64)  # [out, in]
     packed = pack_linear_weight(weight)
