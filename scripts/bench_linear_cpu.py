@@ -7,11 +7,17 @@ format (fp32 panels beside them as the yardstick). For each row count and thread
 turn for ``--rounds`` rounds (A/B alternated, so a load that comes and goes falls on each alike) and each
 one's median wall time of a pass is reported, with its CPU time (robust to a machine shared with other work).
 
+``--noise-hz`` runs every pass a second time beside a process that wakes that many times a second and spins
+``--noise-us`` each time (``cpu_noise.py``: what another process's wake-ups cost a GEMM that uses every core),
+quiet and noisy passes alternated, and reports ``..._noisy_ms`` and ``..._noise_cost`` (noisy ÷ quiet).
+
     python scripts/bench_linear_cpu.py --json          # last line: one JSON object
     python scripts/bench_linear_cpu.py --rows 64 --threads 1 --formats bf16_widen bf16_dot
+    python scripts/bench_linear_cpu.py --rows 64 --threads 2 --formats fp32 --noise-hz 700 --json
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
@@ -19,6 +25,7 @@ import sys
 import time
 
 import torch
+from cpu_noise import CpuNoise
 
 from app.model_store import resolve_model
 from app.settings import Settings
@@ -62,32 +69,42 @@ def prepare(name: str, shapes: list[tuple[int, int]], num_layers: int, seed: int
     return weights
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
     settings = Settings.from_env()
     cfg = ModelConfig.from_folder(args.model or resolve_model(settings.model, settings.home))
     shapes = projection_shapes(cfg)
     names = [name for name in args.formats if dot_available() or not name.endswith("_dot")]
     formats = {name: prepare(name, shapes, args.layers, args.seed) for name in names}
     result: dict = {"layers": args.layers, "rounds": args.rounds, "shapes": shapes, "formats": names}
+    settings_of_noise = [False, True] if noise is not None else [False]
     for threads in args.threads:
         torch.set_num_threads(threads)
         for rows in args.rows:
             gen = torch.Generator().manual_seed(args.seed + rows)
             by_features = {k: torch.randn(rows, k, generator=gen) for k in {k for _, k in shapes}}  # [rows, k]
-            walls: dict[str, list[float]] = {name: [] for name in names}
-            cpus: dict[str, list[float]] = {name: [] for name in names}
+            walls: dict[tuple[str, bool], list[float]] = {(name, n): [] for name in names for n in settings_of_noise}
+            cpus: dict[tuple[str, bool], list[float]] = {key: [] for key in walls}
             for name in names:  # warm: pages touched, scratch sized
                 run_pass(formats[name], by_features)
             for round_index in range(args.rounds):
                 order = names if round_index % 2 == 0 else names[::-1]
-                for name in order:
-                    wall, cpu = run_pass(formats[name], by_features)
-                    walls[name].append(wall)
-                    cpus[name].append(cpu)
+                for noisy in settings_of_noise if round_index % 2 == 0 else settings_of_noise[::-1]:
+                    if noise is not None:
+                        noise.switch(noisy)
+                        time.sleep(0.1)  # the noise process has woken (or gone quiet)
+                    for name in order:
+                        wall, cpu = run_pass(formats[name], by_features)
+                        walls[name, noisy].append(wall)
+                        cpus[name, noisy].append(cpu)
+            if noise is not None:
+                noise.switch(False)
             for name in names:
                 key = f"{name}_rows{rows}_threads{threads}"
-                result[f"{key}_ms"] = round(statistics.median(walls[name]) * 1e3, 2)
-                result[f"{key}_cpu_ms"] = round(statistics.median(cpus[name]) * 1e3, 2)
+                result[f"{key}_ms"] = round(statistics.median(walls[name, False]) * 1e3, 2)
+                result[f"{key}_cpu_ms"] = round(statistics.median(cpus[name, False]) * 1e3, 2)
+                if noise is not None:
+                    result[f"{key}_noisy_ms"] = round(statistics.median(walls[name, True]) * 1e3, 2)
+                    result[f"{key}_noise_cost"] = round(result[f"{key}_noisy_ms"] / result[f"{key}_ms"], 3)
             logger.info(
                 "%d rows, %d threads: %s",
                 rows,
@@ -114,10 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noise-hz", type=float, default=0, help="also run beside wake-ups at this rate (0: off)")
+    parser.add_argument("--noise-us", type=float, default=30, help="the spin of each wake-up, in microseconds")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
+    if args.noise_hz < 0 or args.noise_us <= 0:
+        parser.error("--noise-hz must be 0 or more and --noise-us positive")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    result = run(args)
+    with CpuNoise(args.noise_hz, args.noise_us) if args.noise_hz else contextlib.nullcontext() as noise:
+        result = run(args, noise)
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
     return 0

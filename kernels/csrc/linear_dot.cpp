@@ -179,13 +179,15 @@ void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float*
   const int64_t panel_lanes = pairs * kPanelWidth;
   for (int64_t first = 0; first < rows; first += kRowsPerPass) {
     const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
-    for_each_panel(panels, [&](int64_t p, int64_t next) {
-      const PairPanel<W> panel{w_ptr + p * panel_lanes, bias + p * bias_step,
-                               scales != nullptr ? scales + p * kPanelWidth : nullptr,
-                               next >= 0 ? w_ptr + next * panel_lanes : nullptr, pairs,
-                               std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-      dot_panel_rows(x_pairs.data() + first * pairs, pairs, pass_rows, panel,
-                     y_ptr + first * out_features + p * kPanelWidth, out_features);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const PairPanel<W> panel{w_ptr + p * panel_lanes, bias + p * bias_step,
+                                 scales != nullptr ? scales + p * kPanelWidth : nullptr,
+                                 p + 1 < end ? w_ptr + (p + 1) * panel_lanes : nullptr, pairs,
+                                 std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+        dot_panel_rows(x_pairs.data() + first * pairs, pairs, pass_rows, panel,
+                       y_ptr + first * out_features + p * kPanelWidth, out_features);
+      }
     });
   }
 }

@@ -159,13 +159,15 @@ void run_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias
   const int64_t x_stride = x.stride(0), panel_elems = in_features * kPanelWidth;
   for (int64_t first = 0; first < rows; first += kRowsPerPass) {
     const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
-    for_each_panel(panels, [&](int64_t p, int64_t next) {
-      const Panel<W> panel{w_ptr + p * panel_elems, bias + p * bias_step,
-                           scales != nullptr ? scales + p * kPanelWidth : nullptr,
-                           next >= 0 ? w_ptr + next * panel_elems : nullptr, in_features,
-                           std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-      panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
-                 out_features);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const Panel<W> panel{w_ptr + p * panel_elems, bias + p * bias_step,
+                             scales != nullptr ? scales + p * kPanelWidth : nullptr,
+                             p + 1 < end ? w_ptr + (p + 1) * panel_elems : nullptr, in_features,
+                             std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+        panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
+                   out_features);
+      }
     });
   }
 }

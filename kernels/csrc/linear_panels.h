@@ -1,20 +1,15 @@
 // What the two panel GEMMs share (linear_packed.cpp: k-major panels of fp32, bf16 or int8 weights;
 // linear_dot.cpp: bf16 or int8 weights with k in pairs on AVX512-BF16's dot products): the panel and tile
-// sizes, how threads share the panels, the prefetch of a thread's next panel, a tile's first and last
-// touches of its sums, and the checks of a call's bias and scales.
+// sizes, the prefetch of a thread's next panel, a tile's first and last touches of its sums, and the
+// checks of a call's bias and scales.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
-#include <omp.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <vector>
 #include <xmmintrin.h>
 
 #include "vec_wide.h"
@@ -29,52 +24,6 @@ constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
 // panels (measured: 1,024 rows in one pass ran ~5 % slower than in passes of 128).
 constexpr int64_t kRowsPerPass = 128;
 constexpr int kLineBytes = 64;
-
-// One thread's share of a call's panels, [begin, end): its owner runs them from the front, and a thread
-// that has run out of its own takes them from the back. `taken` counts both (front: low half, back: high
-// half), so each panel is taken once.
-struct alignas(64) PanelShare {
-  int64_t begin = 0, end = 0;
-  std::atomic<uint64_t> taken{0};
-
-  // The next panel from the front (`front`) or the back, or -1 when none is left.
-  int64_t take(bool front) {
-    uint64_t seen = taken.load(std::memory_order_relaxed);
-    for (;;) {
-      const int64_t from_front = static_cast<int64_t>(seen & 0xffffffffu), from_back = static_cast<int64_t>(seen >> 32);
-      if (begin + from_front + from_back >= end) return -1;
-      const uint64_t after = seen + (front ? uint64_t{1} : uint64_t{1} << 32);
-      if (taken.compare_exchange_weak(seen, after, std::memory_order_relaxed)) {
-        return front ? begin + from_front : end - 1 - from_back;
-      }
-    }
-  }
-};
-
-// run_panel(p, next) for every panel p in [0, panels) on the library's threads, `next` being the panel the
-// thread is likely to run after p (-1 if none), for its prefetch. Each thread owns an equal, contiguous share
-// and runs it in order; one that finishes early takes the others' remaining panels from their back ends.
-// On a machine whose every core runs the engine, another process's wake-up preempts one of its threads:
-// with fixed shares the whole call waited for that thread's; now it holds back one panel. An output
-// column is still one thread's one FMA chain, so the results are the same bits whoever runs it.
-template <typename F>
-void for_each_panel(int64_t panels, const F& run_panel) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), panels);
-  std::vector<PanelShare> shares(static_cast<size_t>(threads));
-  for (int64_t t = 0; t < threads; ++t) {
-    shares[t].begin = panels * t / threads;
-    shares[t].end = panels * (t + 1) / threads;
-  }
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    PanelShare& mine = shares[omp_get_thread_num()];
-    for (int64_t p = mine.take(true); p >= 0; p = mine.take(true)) run_panel(p, p + 1 < mine.end ? p + 1 : -1);
-    for (int64_t step = 1; step < threads; ++step) {
-      PanelShare& other = shares[(omp_get_thread_num() + step) % threads];
-      for (int64_t p = other.take(false); p >= 0; p = other.take(false)) run_panel(p, p > other.begin ? p - 1 : -1);
-    }
-  }
-}
 
 // Walks the next panel's cache lines into L2 spread evenly over this panel's k-steps (all its tiles):
 // a core keeps only so many misses in flight (its fill buffers), so a burst of prefetches in one tile

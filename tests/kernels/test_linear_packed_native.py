@@ -80,8 +80,8 @@ def test_a_rows_result_is_the_same_bits_in_any_batch(native, seed: int):
 
 @pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "int8"])
 def test_the_same_bits_on_any_number_of_threads(native, weight_format: str, seed: int):
-    # 3 and 5 threads on this machine's cores finish their shares at different times, so panels are taken
-    # from the back of other threads' shares; a panel run twice or never would show as a difference.
+    # Each thread count splits the panels differently (5 threads on fewer cores also preempt each other);
+    # a panel run twice or never, or a sum that depended on the split, would show as a difference.
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(70, 576, generator=gen)  # [rows, in]
     weight = torch.randn(3072, 576, generator=gen) / 24  # [out, in]: 64 panels of 48 (128 of 24 on AVX2)
