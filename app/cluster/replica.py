@@ -11,15 +11,14 @@ call returns when the request has ended, so Serve's count of ongoing requests (i
 ``max_ongoing_requests``) holds as with a stream.
 
 A request names its adapter by content digest, which is also Serve's multiplexed model id: the
-multiplexed loader fetches the files from the store (``adapter_fetch.py``), registers them in the engine
-under the digest, and Serve's router then sends that adapter's requests here.
+multiplexed loader fetches the files from the store and registers them in the engine under the digest
+(``replica_adapters.py``), and Serve's router then sends that adapter's requests here.
 
 Capacity. Serve counts models per replica; our pool counts pages. Serve's count is set from the pool when
 the replica starts (``AdapterCache.capacity()``: rank-16 all-projection adapters in half the pool, bounded
 by the host cache), so Serve's LRU unloads before the pool would thrash; within that count the pool's own
 page LRU decides what is resident (an adapter Serve lists but whose pages were reclaimed loads again from
-its host copy, with no file read). An adapter Serve unloads is removed from the engine, unless it is
-pinned or requests still run on it (then it is removed when the last one ends).
+its host copy, with no file read).
 
 Commands that must reach every replica (remove, pin, end requests, stats) come through the directory actor
 (``directory.py``), which the replica long-polls on its event loop.
@@ -43,8 +42,8 @@ from app.cluster.adapter_fetch import AdapterFetcher
 from app.cluster.directory import DIRECTORY_NAME, DIRECTORY_NAMESPACE
 from app.cluster.output_links import OutputLink, OutputLinks
 from app.cluster.output_wire import InboxAddress, RunEnded
+from app.cluster.replica_adapters import ReplicaAdapters
 from engine.config import EngineConfig
-from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError
 from engine.output_delta import OutputDelta
 from engine.worker import EngineWorker
@@ -70,21 +69,6 @@ _submits = msgspec.msgpack.Decoder(Submit)
 _inboxes = msgspec.msgpack.Decoder(InboxAddress)
 
 
-class _LoadedAdapter:
-    """What Serve's multiplexing cache holds for one digest; Serve calls ``__del__`` when it unloads it."""
-
-    def __init__(self, replica: EngineReplica, digest: str) -> None:
-        self._replica = replica
-        self._digest = digest
-        self._unloaded = False
-
-    def __del__(self) -> None:  # Serve runs it on an executor thread; garbage collection may run it again
-        if self._unloaded:
-            return
-        self._unloaded = True
-        self._replica.unload_threadsafe(self._digest)
-
-
 @dataclass(slots=True)
 class _Running:
     """A request on this replica: the link its outputs take, and the future its Serve call waits on."""
@@ -106,22 +90,15 @@ class EngineReplica:
         """``database_url``: the gateways' PostgreSQL, where adapters are fetched from (the store folder second)."""
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._loop = asyncio.get_running_loop()
-        self._fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
         self._running: dict[str, _Running] = {}
         self._links = OutputLinks(self.replica_id, on_abort=self._abort, on_lost=self._lost)
-        self._registered: set[str] = set()  # digests registered in the engine
-        self._pinned: set[str] = set()
-        self._retiring: set[str] = set()  # unloaded by Serve while requests ran on them
         self._death: BaseException | None = None
         self._worker = EngineWorker(config, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
         await asyncio.wrap_future(self._worker.start())  # built on the step thread; raises what Engine(config) raised
         self.capacity = await asyncio.wrap_future(self._worker.call(lambda engine: engine.adapters.capacity()))
-
-        async def load(digest: str) -> _LoadedAdapter:
-            await self._register(digest)
-            return _LoadedAdapter(self, digest)
-
-        self._load_adapter = serve.multiplexed(max_num_models_per_replica=self.capacity)(load)
+        fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
+        self._adapters = ReplicaAdapters(self._worker, fetcher, self._loop)
+        self._adapters.multiplex(self.capacity)
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
         await self._apply_pins(await self._directory.join.remote(self.replica_id, os.getpid()))
         self._poll_task = self._loop.create_task(self._poll())
@@ -145,10 +122,7 @@ class EngineReplica:
         try:
             link = await self._links.get(_inboxes.decode(inbox))
             if request.adapter is not None:
-                await self._load_adapter(request.adapter)
-                if request.adapter not in self._registered:  # removed by a broadcast since Serve loaded it
-                    await self._register(request.adapter)
-                self._retiring.discard(request.adapter)
+                await self._adapters.load(request.adapter)
         except EngineError as error:
             return _encoder.encode(RunEnded(self.replica_id, to_wire(error)))
         ended: asyncio.Future[WireError | None] = self._loop.create_future()
@@ -162,47 +136,12 @@ class EngineReplica:
             self._running.pop(request.request_id, None)
             if not ended.done() or ended.cancelled():  # a cancelled wait cancels the future it awaited
                 self._worker.abort(request.request_id)
-            if request.adapter in self._retiring:
-                self._loop.create_task(self._unload(request.adapter))
+            self._adapters.request_ended(request.adapter)
         return _encoder.encode(RunEnded(self.replica_id, error))
 
     async def check_constraint(self, body: bytes) -> bytes:
         """Compile a structured-output constraint (an encoded CheckConstraint); an encoded Reply."""
         return await self._reply(decode_command(body))
-
-    # Adapters ---------------------------------------------------------------------------------------
-
-    async def _register(self, digest: str) -> None:
-        """Fetch the adapter by digest and register it in the engine under its digest (once)."""
-        if digest in self._registered:
-            return
-        if not await asyncio.wrap_future(self._worker.call(lambda engine: engine.has_adapter(digest))):
-            path = await asyncio.to_thread(self._fetcher.fetch, digest)
-            await asyncio.wrap_future(self._worker.add_adapter(digest, path))
-        self._registered.add(digest)
-
-    def unload_threadsafe(self, digest: str) -> None:
-        with contextlib.suppress(RuntimeError):  # the event loop is closed: the replica is going away
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._unload(digest)))
-
-    async def _unload(self, digest: str) -> None:
-        """Serve unloaded the adapter: remove it from the engine unless pinned or still in use."""
-        if digest in self._pinned:
-            return
-
-        def remove_if_idle(engine: Engine) -> bool:
-            if not engine.has_adapter(digest):
-                return True
-            if engine.adapters.get(digest).num_requests:
-                return False
-            engine.remove_adapter(digest)
-            return True
-
-        self._registered.discard(digest)
-        if await asyncio.wrap_future(self._worker.call(remove_if_idle)):
-            self._retiring.discard(digest)
-        else:
-            self._retiring.add(digest)
 
     # Commands from the directory --------------------------------------------------------------------
 
@@ -241,22 +180,9 @@ class EngineReplica:
     async def _run(self, command: Command) -> Any:
         match command:
             case RemoveAdapter(name=digest):
-                self._pinned.discard(digest)
-                self._registered.discard(digest)
-                self._retiring.discard(digest)
-                if await asyncio.wrap_future(self._worker.call(lambda engine: engine.has_adapter(digest))):
-                    await asyncio.wrap_future(self._worker.call(lambda engine: engine.remove_adapter(digest)))
-                return None
+                return await self._adapters.remove(digest)
             case PinAdapter(name=digest, pinned=pinned):
-                if pinned:
-                    self._pinned.add(digest)
-                    await self._load_adapter(digest)
-                    await self._register(digest)
-                else:
-                    self._pinned.discard(digest)
-                    if digest not in self._registered:
-                        return None
-                return await asyncio.wrap_future(self._worker.call(lambda engine: engine.pin_adapter(digest, pinned)))
+                return await self._adapters.pin(digest, pinned)
             case AbortAll():
                 self._worker.abort_all()
                 return None
