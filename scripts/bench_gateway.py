@@ -67,6 +67,7 @@ from pathlib import Path
 import httpx
 from percentiles import percentile
 from raw_http import RawConnectionPool, encode_request
+from thread_switches import stat_cpu_s
 
 logger = logging.getLogger("bench_gateway")
 
@@ -233,11 +234,9 @@ async def run_phase(name: str, send: Send, rate: float, duration_s: float, serve
 def process_cpu_s(pid: int) -> float:
     """User and system CPU seconds of process ``pid`` so far, from /proc (NaN where there is no /proc)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return float("nan")
-    # Fields 14 and 15 of proc(5), utime and stime; the split above starts at field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _timed(send: Send, scheduled_at: float) -> tuple[float, bool]:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from thread_switches import stat_cpu_s
 
 from app.keys.secrets import generate_api_key
 
@@ -149,8 +150,7 @@ def rss_mb(pid: int) -> float | None:
 def cpu_s(pid: int) -> float | None:
     """User plus system CPU seconds process ``pid`` has used (from /proc/<pid>/stat); None when unreadable."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime in clock ticks
+        return stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, ValueError, IndexError):
         return None
 

@@ -77,18 +77,22 @@ def process_name(words: list[str]) -> str:
     return "python"
 
 
+def stat_cpu_s(stat: str) -> float:
+    """User plus system CPU seconds from the text of a process's or thread's /proc ``stat`` file."""
+    fields = stat.rsplit(")", 1)[1].split()  # fields 3 on of proc(5): the name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime (fields 14, 15) in clock ticks
+
+
 def _thread(process: str, task: Path) -> ThreadCounters:
     stat = task.joinpath("stat").read_text()
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2 :].split()
     switches = {}
     for line in task.joinpath("status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key.endswith("ctxt_switches"):
             switches[key] = int(value)
-    cpu_s = (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
     return ThreadCounters(
-        process, name, cpu_s, switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"]
+        process, name, stat_cpu_s(stat), switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"]
     )
 
 

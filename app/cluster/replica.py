@@ -97,8 +97,7 @@ class EngineReplica:
         await asyncio.wrap_future(self._worker.start())  # built on the step thread; raises what Engine(config) raised
         self.capacity = await asyncio.wrap_future(self._worker.call(lambda engine: engine.adapters.capacity()))
         fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
-        self._adapters = ReplicaAdapters(self._worker, fetcher, self._loop)
-        self._adapters.multiplex(self.capacity)
+        self._adapters = ReplicaAdapters(self._worker, fetcher, self._loop, self.capacity)
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)
         await self._apply_pins(await self._directory.join.remote(self.replica_id, os.getpid()))
         self._poll_task = self._loop.create_task(self._poll())

@@ -38,24 +38,24 @@ class LoadedAdapter:
 class ReplicaAdapters:
     """The digests registered in one replica's engine, the pinned ones, and those retiring."""
 
-    def __init__(self, worker: EngineWorker, fetcher: AdapterFetcher, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, worker: EngineWorker, fetcher: AdapterFetcher, loop: asyncio.AbstractEventLoop, capacity: int
+    ) -> None:
+        """``capacity``: the adapters the pool holds, the limit of Serve's multiplexed loader made here."""
         self._worker = worker
         self._fetcher = fetcher
         self._loop = loop
         self._registered: set[str] = set()  # digests registered in the engine
         self._pinned: set[str] = set()
         self._retiring: set[str] = set()  # unloaded by Serve while requests ran on them
-        self._serve_load: Callable[[str], Awaitable[LoadedAdapter]] | None = None
-
-    def multiplex(self, capacity: int) -> None:
-        """Make Serve's multiplexed loader, for at most ``capacity`` adapters (what the pool holds); call it from
-        the replica's constructor."""
 
         async def load(digest: str) -> LoadedAdapter:
             await self.register(digest)
             return LoadedAdapter(self, digest)
 
-        self._serve_load = serve.multiplexed(max_num_models_per_replica=capacity)(load)
+        self._serve_load: Callable[[str], Awaitable[LoadedAdapter]] = serve.multiplexed(
+            max_num_models_per_replica=capacity
+        )(load)
 
     async def load(self, digest: str) -> None:
         """Have the adapter registered for a request about to run on it (through Serve's multiplexing)."""
