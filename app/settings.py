@@ -139,8 +139,8 @@ class Settings:
 
     bf16_gemm: str = "auto"
     """The native CPU kernels' GEMM of bf16 and int8 weights (LORAPLEX_BF16_GEMM): "auto" (the faster of the
-    two, timed at start), "widen" (fp32 FMAs on widened weights) or "dot" (AVX512-BF16 dot products; refused
-    on a CPU without them) (docs/precision.md)."""
+    two, timed at start), "widen" (fp32 FMAs on widened weights) or "dot" (the weight format's dot products,
+    AVX512-BF16's or AVX512-VNNI's; refused on a CPU without them) (docs/precision.md)."""
 
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     """Most tokens n-gram speculative decoding proposes per sequence and step; 0 turns it off

@@ -1,14 +1,17 @@
 """Which native GEMM computes the bf16 and int8 projection weights on this machine, measured at load.
 
-The native CPU kernels have two panel formats for bf16 and int8 weights: k-major panels widened to fp32
-and run on fp32 FMAs (kernels/linear_packed.py, every build), and k-pair panels on AVX512-BF16's
-``vdpbf16ps`` with the activations rounded to bf16 (kernels/linear_dot.py, AVX-512 builds on CPUs that
-have it). The dot product does twice an FMA's arithmetic per instruction, so which is faster depends on
-how fast the CPU issues it: reported about as fast as its FMAs on AMD Zen 4, at a quarter of their rate
-(so half their products) on the Xeon measured in docs/precision.md. A full decode batch's projections are
-bound by arithmetic, so the engine times both on the model's gate/up projection (its largest a layer) at
-its full batch (``max_num_seqs`` rows), in a few short alternated repeats, and runs every projection on
-the faster (``EngineConfig.bf16_gemm="auto"``); "widen" and "dot" pin one.
+The native CPU kernels have two panel formats for each of bf16 and int8 weights: k-major panels widened
+to fp32 and run on fp32 FMAs (kernels/linear_packed.py, every build), and the format's dot product
+(AVX-512 builds on CPUs that have it): bf16 weights in k pairs on AVX512-BF16's ``vdpbf16ps`` with the
+activations rounded to bf16 (kernels/linear_dot.py), int8 weights in k quads on AVX512-VNNI's
+``vpdpbusd`` with the activations quantized to int8 per block of 32 (kernels/linear_vnni.py). ``vdpbf16ps``
+does twice an FMA's arithmetic per instruction and ``vpdpbusd`` four times, so which is faster depends on
+how fast the CPU issues them: ``vdpbf16ps`` is reported about as fast as FMAs on AMD Zen 4 and runs at a
+quarter of their rate on the Xeon measured in docs/precision.md, where ``vpdpbusd`` runs at their rate. A
+full decode batch's projections are bound by arithmetic, so the engine times both on the model's gate/up
+projection (its largest a layer) at its full batch (``max_num_seqs`` rows), in a few short alternated
+repeats, and runs every projection on the faster (``EngineConfig.bf16_gemm="auto"``); "widen" and "dot"
+pin one.
 """
 
 import logging
@@ -23,6 +26,7 @@ from engine.errors import ConfigError
 from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, LinearWeight, linear
 from kernels.linear_dot import dot_available
+from kernels.linear_vnni import vnni_available
 from kernels.native_cpu import cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -37,7 +41,11 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 9
 CALIBRATION_BUDGET_S = 0.3
 CALIBRATION_SEED = 0
-HOW = {WIDEN: "weights widened to fp32, fp32 FMAs", DOT: "vdpbf16ps on projection inputs rounded to bf16"}
+WIDENED = "weights widened to fp32, fp32 FMAs"
+HOW = {
+    "bfloat16": {WIDEN: WIDENED, DOT: "vdpbf16ps on projection inputs rounded to bf16"},
+    "int8": {WIDEN: WIDENED, DOT: "vpdpbusd on projection inputs quantized to int8 per block of 32"},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,19 +53,20 @@ class GemmChoice:
     """The GEMM of an engine's bf16 or int8 weights, and why."""
 
     gemm: str
-    """"widen" (k-major panels, fp32 FMAs) or "dot" (k-pair panels, vdpbf16ps)."""
+    """"widen" (k-major panels, fp32 FMAs) or "dot" (the weight format's dot product: bf16 k-pair panels
+    on vdpbf16ps, int8 k-quad panels on vpdpbusd)."""
     reason: str
     """One clause for the precision's reason, with the measured times where it was measured."""
 
 
-def choose_gemm(widen_s: Sequence[float], dot_s: Sequence[float], rows: int) -> GemmChoice:
+def choose_gemm(widen_s: Sequence[float], dot_s: Sequence[float], rows: int, weight_format: str) -> GemmChoice:
     """The format with the lower median of its timed samples (seconds per call); a tie keeps "widen"."""
     widen, dot = statistics.median(widen_s), statistics.median(dot_s)
     gemm = DOT if dot < widen else WIDEN
     return GemmChoice(
         gemm,
-        f"bf16 GEMM {gemm} ({HOW[gemm]}): dot tile {dot * 1e3:.2f} ms vs widened {widen * 1e3:.2f} ms at "
-        f"{rows} rows, measured at load",
+        f"{_label(weight_format)} GEMM {gemm} ({HOW[weight_format][gemm]}): dot tile {dot * 1e3:.2f} ms vs "
+        f"widened {widen * 1e3:.2f} ms at {rows} rows, measured at load",
     )
 
 
@@ -107,24 +116,38 @@ def resolve_bf16_gemm(
         raise ConfigError(f"bf16_gemm must be one of {', '.join(BF16_GEMM_CHOICES)}, got {setting!r}")
     if device.type != "cpu":
         return None
-    if setting == DOT and (backend is not KernelBackend.NATIVE or not dot_available()):
-        raise ConfigError(f"bf16_gemm='dot' cannot be used: {_dot_unavailable_reason(backend)}; use 'auto' or 'widen'")
+    int8 = weight_format == "int8"
+    if setting == DOT and (backend is not KernelBackend.NATIVE or not _dot_runs(int8)):
+        raise ConfigError(
+            f"bf16_gemm='dot' cannot be used: {_dot_unavailable_reason(backend, int8)}; use 'auto' or 'widen'"
+        )
     if backend is not KernelBackend.NATIVE or weight_format == "float32":
         return None
+    how, label = HOW[weight_format], _label(weight_format)
     if setting != AUTO:
-        return GemmChoice(setting, f"bf16 GEMM {setting} ({HOW[setting]}): bf16_gemm={setting} was asked for")
-    if not dot_available():
-        return GemmChoice(WIDEN, f"bf16 GEMM widen ({HOW[WIDEN]}): {_dot_unavailable_reason(backend)}")
+        return GemmChoice(setting, f"{label} GEMM {setting} ({how[setting]}): bf16_gemm={setting} was asked for")
+    if not _dot_runs(int8):
+        return GemmChoice(WIDEN, f"{label} GEMM widen ({how[WIDEN]}): {_dot_unavailable_reason(backend, int8)}")
     started = time.perf_counter()
-    widen_s, dot_s = time_gemms(shape, rows, weight_format == "int8")
-    choice = choose_gemm(widen_s, dot_s, rows)
+    widen_s, dot_s = time_gemms(shape, rows, int8)
+    choice = choose_gemm(widen_s, dot_s, rows, weight_format)
     logger.info("%s (%d samples each, %.2f s)", choice.reason, len(widen_s), time.perf_counter() - started)
     return choice
 
 
-def _dot_unavailable_reason(backend: KernelBackend) -> str:
+def _label(weight_format: str) -> str:
+    return "int8" if weight_format == "int8" else "bf16"
+
+
+def _dot_runs(int8: bool) -> bool:
+    """Whether the dot-product panels of int8 (or bf16) weights run here."""
+    return vnni_available() if int8 else dot_available()
+
+
+def _dot_unavailable_reason(backend: KernelBackend, int8: bool) -> str:
     if backend is not KernelBackend.NATIVE:
         return f"the dot-product panels are the native CPU kernels' and the engine runs the {backend.value} kernels"
-    if "avx512_bf16" not in cpu_flags().split():
-        return "this CPU has no AVX512-BF16 dot products (no avx512_bf16 in /proc/cpuinfo)"
-    return "the native kernels are built without AVX-512 and AVX512-BF16 (LORAPLEX_NATIVE_MARCH names another target)"
+    name, flag = ("AVX512-VNNI", "avx512_vnni") if int8 else ("AVX512-BF16", "avx512_bf16")
+    if flag not in cpu_flags().split():
+        return f"this CPU has no {name} dot products (no {flag} in /proc/cpuinfo)"
+    return f"the native kernels are built without AVX-512 and {name} (LORAPLEX_NATIVE_MARCH names another target)"

@@ -43,9 +43,11 @@ class EngineConfig:
     """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
     bf16_gemm: str = "auto"
     """The native CPU kernels' GEMM of bf16 and int8 weights: "widen" (k-major panels widened to fp32, fp32
-    FMAs; every CPU), "dot" (AVX512-BF16 dot products on bf16-rounded activations; a CPU without them is a
-    ConfigError), or "auto" (both timed at load on the gate/up projection at max_num_seqs rows where the CPU
-    has both, the faster kept; engine/bf16_gemm.py). Ignored for fp32 weights and off the native kernels."""
+    FMAs; every CPU), "dot" (the weight format's dot products: AVX512-BF16's on bf16-rounded activations for
+    bf16 weights, AVX512-VNNI's on activations quantized to int8 per block of 32 for int8 weights; a CPU
+    without them is a ConfigError), or "auto" (both timed at load on the gate/up projection at max_num_seqs
+    rows where the CPU has both, the faster kept; engine/bf16_gemm.py). Ignored for fp32 weights and off
+    the native kernels."""
     pool_bytes: int | None = None
     """Bytes for the unified page pool; None: a fraction of free GPU memory, or 2 GiB on CPU."""
     block_size: int | None = None

@@ -6,9 +6,12 @@ The layouts, chosen once at load by :meth:`LinearWeight.prepare`:
   library is built with AVX-512: it overlaps streaming the weights with the arithmetic, which decode
   steps are bound by. bf16 and int8 weights take them on every CPU the library builds for: the panels
   widen them in registers, so a step streams a half or a quarter of the bytes (activations stay fp32).
-- NATIVE_DOT: bf16 and int8 weights in the native dot-product panels (kernels/linear_dot.py: k in pairs,
+- NATIVE_DOT: bf16 weights in the native dot-product panels (kernels/linear_dot.py: k in pairs,
   activations rounded to bf16, AVX512-BF16's vdpbf16ps), where the engine measured them faster than the
   k-major panels (engine/bf16_gemm.py).
+- NATIVE_VNNI: int8 weights in the native integer dot-product panels (kernels/linear_vnni.py: k in quads,
+  activations quantized to int8 per row and block of 32, AVX512-VNNI's vpdpbusd), where the engine
+  measured them faster than the k-major panels.
 - ONEDNN: oneDNN's linear with a weight reordered ahead of time (fp32, or bf16 with bf16 activations);
   on the AVX2 EPYC it ran 1.5 to 2 times faster than the default BLAS call at decode batch sizes (8 to
   128 rows), about 1.3 times at prefill.
@@ -28,19 +31,23 @@ import torch.nn.functional as F
 from kernels.backend import KernelBackend
 from kernels.linear_dot import linear_dot, pack_linear_pairs
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
+from kernels.linear_vnni import linear_vnni, pack_linear_quads
 
 logger = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for: a full decode batch
 INT8_MAX = 127  # symmetric int8: q in [-127, 127], so -q never overflows
-WIDEN, DOT = "widen", "dot"  # the native GEMMs of bf16 and int8 weights: k-major panels widened to fp32, or vdpbf16ps
+# The native GEMMs of bf16 and int8 weights: k-major panels widened to fp32, or the weight format's dot
+# product (bf16: vdpbf16ps; int8: vpdpbusd).
+WIDEN, DOT = "widen", "dot"
 
 
 class WeightLayout(enum.Enum):
     PLAIN = "plain"  # [out_features, in_features], F.linear
     ONEDNN = "onednn"  # oneDNN's reordered weight, its packed linear
     NATIVE = "native"  # the native library's panels, kernels/linear_packed.py
-    NATIVE_DOT = "native_dot"  # the native library's k-pair panels of bf16 or int8 weights, kernels/linear_dot.py
+    NATIVE_DOT = "native_dot"  # the native library's k-pair panels of bf16 weights, kernels/linear_dot.py
+    NATIVE_VNNI = "native_vnni"  # the native library's k-quad panels of int8 weights, kernels/linear_vnni.py
     INT8 = "int8"  # [out_features, in_features] int8 and per-row scales, torch's weight-only int8 matmul
 
 
@@ -53,6 +60,7 @@ class LinearWeight:
     layout: WeightLayout
     out_features: int
     scales: torch.Tensor | None = None  # [out_features] fp32 for int8 weights: weight[o] = scales[o] * q[o]
+    offsets: torch.Tensor | None = None  # NATIVE_VNNI: the panels' block offsets (kernels/linear_vnni.py)
 
     @classmethod
     def prepare(
@@ -68,24 +76,28 @@ class LinearWeight:
         ``weight`` comes in the weight dtype the engine chose (fp32 or bf16); ``quantization="int8"``
         quantizes it per output row. On the NATIVE backend the activations are fp32 whatever the weights,
         so the bias is kept fp32 there, and ``bf16_gemm`` ("widen" or "dot") picks the panels of bf16 and
-        int8 weights ("dot" only where kernels.linear_dot.dot_available()).
+        int8 weights ("dot" only where kernels.linear_dot.dot_available() for bf16,
+        kernels.linear_vnni.vnni_available() for int8).
         """
         if bf16_gemm not in (WIDEN, DOT):
             raise ValueError(f"bf16_gemm must be {WIDEN!r} or {DOT!r}, got {bf16_gemm!r}")
         out_features = weight.shape[0]
         native = backend is KernelBackend.NATIVE and weight.device.type == "cpu"
         dot = bf16_gemm == DOT
-        pack = pack_linear_pairs if dot else pack_linear_weight
-        native_layout = WeightLayout.NATIVE_DOT if dot else WeightLayout.NATIVE
         if quantization == "int8":
             q, scales = quantize_int8(weight)  # [out, in] int8, [out] fp32
+            if native and dot:
+                packed, offsets = pack_linear_quads(q)
+                return cls(packed, _fp32(bias), WeightLayout.NATIVE_VNNI, out_features, scales, offsets)
             if native:
-                return cls(pack(q), _fp32(bias), native_layout, out_features, scales)
+                return cls(pack_linear_weight(q), _fp32(bias), WeightLayout.NATIVE, out_features, scales)
             return cls(q, bias, WeightLayout.INT8, out_features, scales)
         if quantization is not None:
             raise ValueError(f"quantization must be None or 'int8', got {quantization!r}")
+        if native and weight.dtype == torch.bfloat16 and dot:
+            return cls(pack_linear_pairs(weight), _fp32(bias), WeightLayout.NATIVE_DOT, out_features)
         if native and weight.dtype == torch.bfloat16:
-            return cls(pack(weight), _fp32(bias), native_layout, out_features)
+            return cls(pack_linear_weight(weight), _fp32(bias), WeightLayout.NATIVE, out_features)
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             return cls(weight, bias, WeightLayout.PLAIN, out_features)
         if native and weight.dtype == torch.float32 and native_linear_preferred():
@@ -97,9 +109,9 @@ class LinearWeight:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes a pass over the weight reads (scales included, bias not)."""
-        scale_bytes = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
-        return self.weight.numel() * self.weight.element_size() + scale_bytes
+        """Bytes a pass over the weight reads (scales and offsets included, bias not)."""
+        parts = (self.weight, self.scales, self.offsets)
+        return sum(part.numel() * part.element_size() for part in parts if part is not None)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +137,7 @@ def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         y[t, o] = sum_i x[t, i] * weight[o, i] + bias[o]     (weight[o] = scales[o] * q[o] for int8)
 
     Args:
-        x: [num_tokens, in_features]: fp32 for NATIVE and NATIVE_DOT weights, else the weight's (or the model's) dtype.
+        x: [num_tokens, in_features]: fp32 for the NATIVE* layouts, else the weight's (or the model's) dtype.
         w: a weight prepared by :meth:`LinearWeight.prepare`.
     Returns:
         [num_tokens, out_features] in x's dtype.
@@ -133,7 +145,9 @@ def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if w.layout is WeightLayout.NATIVE:
         return linear_packed(x, w.weight, w.bias, w.out_features, w.scales)
     if w.layout is WeightLayout.NATIVE_DOT:
-        return linear_dot(x, w.weight, w.bias, w.out_features, w.scales)
+        return linear_dot(x, w.weight, w.bias, w.out_features)
+    if w.layout is WeightLayout.NATIVE_VNNI:
+        return linear_vnni(x, w.weight, w.offsets, w.bias, w.out_features, w.scales)
     if w.layout is WeightLayout.ONEDNN:
         return torch.ops.mkldnn._linear_pointwise(x, w.weight, w.bias, "none", [], "")
     if w.layout is WeightLayout.INT8:

@@ -1,6 +1,6 @@
-"""The native GEMM on AVX512-BF16's dot products: bf16 or int8 weights packed with k in pairs.
+"""The native GEMM on AVX512-BF16's dot products: bf16 weights packed with k in pairs.
 
-The second panel format for bf16 and int8 projection weights, beside the k-major panels of
+The second panel format for bf16 projection weights, beside the k-major panels of
 kernels/linear_packed.py (which widen the weights to fp32 and run fp32 FMAs, on every build). Here the
 activations are rounded to bf16 once per call and ``vdpbf16ps`` multiplies two k-steps of sixteen columns
 in one instruction, summing in fp32: twice the arithmetic of an FMA per instruction, so the faster format
@@ -8,9 +8,8 @@ where the CPU issues it about as fast as its FMAs (AMD Zen 4), and the slower on
 Xeon measured in docs/precision.md). The engine times both at load and keeps the faster
 (engine/bf16_gemm.py).
 
-Only a library built with AVX-512 for a CPU with AVX512-BF16 has it (:func:`dot_available`); int8 panels
-convert to bf16 pairs exactly (|q| <= 127 fits bf16's 8-bit mantissa) and apply their per-row scale to
-the finished sum.
+Only a library built with AVX-512 for a CPU with AVX512-BF16 has it (:func:`dot_available`). int8 weights
+have their own dot-product panels (kernels/linear_vnni.py).
 """
 
 import torch
@@ -26,7 +25,7 @@ def dot_available() -> bool:
 
 
 def pack_linear_pairs(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out_features, in_features] (bfloat16 or int8) packed for :func:`linear_dot`.
+    """``weight`` [out_features, in_features] bfloat16 packed for :func:`linear_dot`.
 
     Returns:
         [num_panels, ceil(in_features / 2), 2 * panel_width] in ``weight``'s dtype, with panel_width the
@@ -44,17 +43,15 @@ def linear_dot(
     packed: torch.Tensor,
     bias: torch.Tensor | None,
     out_features: int,
-    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``bf16(x) @ weight.T + bias`` on a weight packed by :func:`pack_linear_pairs`; ValueError where
     :func:`dot_available` is false.
 
     Args:
         x: [num_rows, in_features] float32 on the CPU, rows contiguous.
-        packed: the packed weight (bfloat16 or int8 pair panels).
+        packed: the packed weight (bfloat16 pair panels).
         bias: [out_features] float32, or None.
         out_features: the weight's rows before packing.
-        scales: [out_features] float32 with int8 panels (and only then): weight[o] = scales[o] * q[o].
 
     Returns:
         [num_rows, out_features] float32, a new tensor.
@@ -63,7 +60,6 @@ def linear_dot(
         xb[t, k] = bf16(x[t, k])  (to nearest, ties to even)
         y[t, o] = bias[o] + sum_{kp} (xb[t, 2kp] * w[o, 2kp] + xb[t, 2kp + 1] * w[o, 2kp + 1]), the pairs
         summed in kp order in fp32 (the products exact; how a pair's two products are added is the CPU's),
-        so a row's result does not depend on the other rows of the batch; with int8 panels
-        y[t, o] = bias[o] + scales[o] * sum_{kp} (...) on q.
+        so a row's result does not depend on the other rows of the batch.
     """
-    return require_native_ops().linear_dot(x, packed, bias, out_features, scales)  # [num_rows, out_features]
+    return require_native_ops().linear_dot(x, packed, bias, out_features)  # [num_rows, out_features]

@@ -1,5 +1,5 @@
 """The native GEMMs of bf16 and int8 weights side by side: k-major panels widened to fp32 against the
-AVX512-BF16 dot-product panels, on the model's projection shapes.
+dot-product panels (bf16: AVX512-BF16's; int8: AVX512-VNNI's), on the model's projection shapes.
 
 One pass is every projection of ``--layers`` layers of the model (q/k/v, o, gate/up, down: the default
 model's 960x576, 576x576, 3072x576, 576x1536) on ``rows`` rows, with random weights of those shapes in each
@@ -33,6 +33,7 @@ from engine.config import ModelConfig
 from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, LinearWeight, linear
 from kernels.linear_dot import dot_available
+from kernels.linear_vnni import vnni_available
 
 logger = logging.getLogger("bench_linear_cpu")
 
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
     settings = Settings.from_env()
     cfg = ModelConfig.from_folder(args.model or resolve_model(settings.model, settings.home))
     shapes = projection_shapes(cfg)
-    names = [name for name in args.formats if dot_available() or not name.endswith("_dot")]
+    runs = {"bf16_dot": dot_available(), "int8_dot": vnni_available()}
+    names = [name for name in args.formats if runs.get(name, True)]
     formats = {name: prepare(name, shapes, args.layers, args.seed) for name in names}
     result: dict = {"layers": args.layers, "rounds": args.rounds, "shapes": shapes, "formats": names}
     settings_of_noise = [False, True] if noise is not None else [False]

@@ -1,5 +1,6 @@
-// Dense projections on bf16 or int8 weights with AVX512-BF16's dot product (semantics:
-// kernels/linear_dot.py); the second panel format beside linear_packed.cpp's k-major panels.
+// Dense projections on bf16 weights with AVX512-BF16's dot product (semantics: kernels/linear_dot.py); the
+// second panel format of bf16 weights beside linear_packed.cpp's k-major panels (int8 weights have
+// linear_vnni.cpp's).
 //
 // The weight [N, K] is packed once into panels of kPanelWidth output columns with k in pairs:
 // packed[p][kp][2c + j] = weight[p * kPanelWidth + c][2kp + j], zero past N and past K. Each 32-bit lane of
@@ -16,11 +17,6 @@
 // FMAs' 32, so 1.1-1.9x the widened panels' time from 8 rows on; where it issues as fast as the FMAs it
 // does twice their products (figures: docs/precision.md).
 //
-// int8 panels (per-column scales beside them) hold the same pairs as bytes; |q| <= 127 is exact in bf16, so a
-// panel row converts to bf16 pairs (a sign extension, a convert, a round that changes nothing) and runs the
-// same tile, with the column's scale on the finished sum (y = scale * sum + bias). One tile of rows converts
-// in registers as it loads; more rows convert the panel once into scratch that stays in L2 and share it.
-//
 // Each output is one chain along k in order, whatever the number of rows: a row's result is the same bits
 // alone or in any batch. Only an AVX-512 build with AVX512-BF16 (-march of a CPU that has it) compiles the
 // tile; elsewhere linear_dot_available() is false and the engine keeps the k-major panels.
@@ -33,8 +29,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "bf16.h"
@@ -53,14 +47,14 @@ namespace {
 
 constexpr int kPairRowValues = 2 * kPanelWidth;  // one panel row of k pairs: two values a column
 
-template <typename W>
-void pack_pairs(const W* src, W* dst, int64_t out_features, int64_t in_features, int64_t panels, int64_t pairs) {
+void pack_pairs(const c10::BFloat16* src, c10::BFloat16* dst, int64_t out_features, int64_t in_features,
+                int64_t panels, int64_t pairs) {
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t columns = std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth);
-      W* panel = dst + p * pairs * kPairRowValues;
+      c10::BFloat16* panel = dst + p * pairs * kPairRowValues;
       for (int64_t c = 0; c < columns; ++c) {
-        const W* column = src + (p * kPanelWidth + c) * in_features;
+        const c10::BFloat16* column = src + (p * kPanelWidth + c) * in_features;
         for (int64_t k = 0; k < in_features; ++k) panel[(k / 2) * kPairRowValues + 2 * c + k % 2] = column[k];
       }
     }
@@ -69,43 +63,28 @@ void pack_pairs(const W* src, W* dst, int64_t out_features, int64_t in_features,
 
 #if LORAPLEX_BF16_DOT
 
-// A bf16 pair panel's row is kPanelWidth 32-bit lanes; an int8 one's, kPanelWidth 16-bit lanes.
+// A panel row is kPanelWidth 32-bit lanes, each one column's bf16 pair.
 using Bf16Pair = uint32_t;
-using Int8Pair = uint16_t;
 
-// The pairs of one panel vector (sixteen columns) from `p`, as bf16.
-inline __m512bh load_pairs(const Bf16Pair* p) { return (__m512bh)_mm512_loadu_si512(p); }
-
-inline __m512bh load_pairs(const Int8Pair* p) {  // 32 bytes: exact in bf16, in the same order
-  const __m128i* bytes = reinterpret_cast<const __m128i*>(p);
-  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes)));
-  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1)));
-  return _mm512_cvtne2ps_pbh(high, low);  // lanes 0-15 from low, 16-31 from high
-}
-
-// A pair panel of W; P is the type of the packed panels the thread prefetches (W, or Int8Pair for an int8
-// panel converted into bf16 scratch).
-template <typename W, typename P = W>
 struct PairPanel {
-  const W* weights;     // [pairs, kPanelWidth]
-  const float* bias;    // [kPanelWidth], zero past the real columns
-  const float* scales;  // [kPanelWidth] for int8 panels, else nullptr
-  const P* prefetch;    // the next panel this thread computes, or nullptr
+  const Bf16Pair* weights;   // [pairs, kPanelWidth]
+  const float* bias;         // [kPanelWidth], zero past the real columns
+  const Bf16Pair* prefetch;  // the next panel this thread computes, or nullptr
   int64_t pairs;
   int64_t columns;  // real columns, <= kPanelWidth
 };
 
-// y[0:R, 0:columns] = x[0:R] @ panel (* scales) + bias; x rows of bf16 pairs `x_stride` pairs apart.
-template <int R, typename W, typename P>
-void dot_tile(const Bf16Pair* x, int64_t x_stride, const PairPanel<W, P>& panel, float* y, int64_t y_stride,
-              PrefetchCursor<P>& cursor) {
-  PrefetchCursor<P> next = cursor;  // a local copy stays in registers through the loop
+// y[0:R, 0:columns] = x[0:R] @ panel + bias; x rows of bf16 pairs `x_stride` pairs apart.
+template <int R>
+void dot_tile(const Bf16Pair* x, int64_t x_stride, const PairPanel& panel, float* y, int64_t y_stride,
+              PrefetchCursor<Bf16Pair>& cursor) {
+  PrefetchCursor<Bf16Pair> next = cursor;  // a local copy stays in registers through the loop
   FW acc[R][kPanelVectors];
-  start_sums(acc, panel.bias, panel.scales);
+  start_sums(acc, panel.bias, nullptr);
   for (int64_t kp = 0; kp < panel.pairs; ++kp) {
-    const W* row = panel.weights + kp * kPanelWidth;
+    const Bf16Pair* row = panel.weights + kp * kPanelWidth;
     __m512bh w[kPanelVectors];
-    for (int j = 0; j < kPanelVectors; ++j) w[j] = load_pairs(row + j * kWideLanes);
+    for (int j = 0; j < kPanelVectors; ++j) w[j] = (__m512bh)_mm512_loadu_si512(row + j * kWideLanes);
     next.step();
     for (int i = 0; i < R; ++i) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * x_stride + kp]));
@@ -113,12 +92,12 @@ void dot_tile(const Bf16Pair* x, int64_t x_stride, const PairPanel<W, P>& panel,
     }
   }
   cursor = next;
-  finish_sums(acc, panel.bias, panel.scales, panel.columns, y, y_stride);
+  finish_sums(acc, panel.bias, nullptr, panel.columns, y, y_stride);
 }
 
-template <int R, typename W, typename P>
-void dot_tail_tile(int rows, const Bf16Pair* x, int64_t x_stride, const PairPanel<W, P>& panel, float* y,
-                   int64_t y_stride, PrefetchCursor<P>& next) {
+template <int R>
+void dot_tail_tile(int rows, const Bf16Pair* x, int64_t x_stride, const PairPanel& panel, float* y,
+                   int64_t y_stride, PrefetchCursor<Bf16Pair>& next) {
   if constexpr (R > 0) {
     if (rows == R) return dot_tile<R>(x, x_stride, panel, y, y_stride, next);
     dot_tail_tile<R - 1>(rows, x, x_stride, panel, y, y_stride, next);
@@ -126,22 +105,9 @@ void dot_tail_tile(int rows, const Bf16Pair* x, int64_t x_stride, const PairPane
 }
 
 // Every row of the pass against one pair panel, prefetching the next panel meanwhile.
-template <typename W, typename P>
-void dot_panel_rows(const Bf16Pair* x, int64_t x_stride, int64_t rows, const PairPanel<W, P>& panel, float* y,
+void dot_panel_rows(const Bf16Pair* x, int64_t x_stride, int64_t rows, const PairPanel& panel, float* y,
                     int64_t y_stride) {
-  if constexpr (std::is_same_v<W, Int8Pair>) {
-    if (rows > kTileRows) {  // several tiles: convert the panel once into bf16 scratch (L2) and share it
-      thread_local std::vector<Bf16Pair> scratch;
-      const int64_t lanes = panel.pairs * kPanelWidth;
-      if (static_cast<int64_t>(scratch.size()) < lanes) scratch.resize(lanes);
-      for (int64_t i = 0; i < lanes; i += kWideLanes)
-        _mm512_storeu_si512(scratch.data() + i, (__m512i)load_pairs(panel.weights + i));
-      const PairPanel<Bf16Pair, P> converted{scratch.data(), panel.bias, panel.scales, panel.prefetch,
-                                             panel.pairs,    panel.columns};
-      return dot_panel_rows(x, x_stride, rows, converted, y, y_stride);
-    }
-  }
-  PrefetchCursor<P> next(panel.prefetch, panel.pairs, (rows + kTileRows - 1) / kTileRows);
+  PrefetchCursor<Bf16Pair> next(panel.prefetch, panel.pairs, (rows + kTileRows - 1) / kTileRows);
   int64_t m = 0;
   for (; m + kTileRows <= rows; m += kTileRows) {
     dot_tile<kTileRows>(x + m * x_stride, x_stride, panel, y + m * y_stride, y_stride, next);
@@ -169,22 +135,20 @@ std::vector<Bf16Pair> round_to_pairs(const at::Tensor& x, int64_t pairs) {
   return out;
 }
 
-template <typename W>
 void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
-                     const float* scales, at::Tensor& y, int64_t out_features) {
+                     at::Tensor& y, int64_t out_features) {
   const int64_t rows = x.size(0), panels = packed.size(0), pairs = packed.size(1);
   const std::vector<Bf16Pair> x_pairs = round_to_pairs(x, pairs);  // [rows, pairs]
-  const W* w_ptr = reinterpret_cast<const W*>(packed.data_ptr());
+  const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
   float* y_ptr = y.data_ptr<float>();
   const int64_t panel_lanes = pairs * kPanelWidth;
   for (int64_t first = 0; first < rows; first += kRowsPerPass) {
     const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) {
-        const PairPanel<W> panel{w_ptr + p * panel_lanes, bias + p * bias_step,
-                                 scales != nullptr ? scales + p * kPanelWidth : nullptr,
-                                 p + 1 < end ? w_ptr + (p + 1) * panel_lanes : nullptr, pairs,
-                                 std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+        const PairPanel panel{w_ptr + p * panel_lanes, bias + p * bias_step,
+                              p + 1 < end ? w_ptr + (p + 1) * panel_lanes : nullptr, pairs,
+                              std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
         dot_panel_rows(x_pairs.data() + first * pairs, pairs, pass_rows, panel,
                        y_ptr + first * out_features + p * kPanelWidth, out_features);
       }
@@ -206,33 +170,27 @@ bool linear_dot_available() {
 }
 
 at::Tensor pack_linear_pairs(const at::Tensor& weight) {
-  TORCH_CHECK_VALUE(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kChar) &&
-                        weight.device().is_cpu(),
-                    "pack_linear_pairs: weight must be a bfloat16 or int8 CPU tensor [out_features, in_features]");
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
+                    "pack_linear_pairs: weight must be a bfloat16 CPU tensor [out_features, in_features]");
   const at::Tensor w = weight.contiguous();
   const int64_t out_features = w.size(0), in_features = w.size(1);
   const int64_t panels = (out_features + kPanelWidth - 1) / kPanelWidth, pairs = (in_features + 1) / 2;
   at::Tensor packed = at::zeros({panels, pairs, kPairRowValues}, w.options());  // zero past N and K
-  if (w.scalar_type() == at::kChar) {
-    pack_pairs(w.data_ptr<int8_t>(), packed.data_ptr<int8_t>(), out_features, in_features, panels, pairs);
-  } else {
-    pack_pairs(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), out_features, in_features, panels,
-               pairs);
-  }
+  pack_pairs(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), out_features, in_features, panels,
+             pairs);
   return packed;
 }
 
 at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                      int64_t out_features, const std::optional<at::Tensor>& scales) {
+                      int64_t out_features) {
   TORCH_CHECK_VALUE(linear_dot_available(),
                     "linear_dot: the native kernels have no AVX512-BF16 dot products here (the CPU lacks "
                     "avx512_bf16, or the library is built for another target); use the k-major panels of "
                     "pack_linear_weight");
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
                     "linear_dot: x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
-  TORCH_CHECK_VALUE(packed.dim() == 3 &&
-                        (packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kChar) &&
-                        packed.is_contiguous() && packed.size(2) == kPairRowValues,
+  TORCH_CHECK_VALUE(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                        packed.size(2) == kPairRowValues,
                     "linear_dot: packed must come from pack_linear_pairs of this build (panels of ", kPanelWidth,
                     " columns in k pairs), got ", packed.sizes());
   const int64_t rows = x.size(0), in_features = x.size(1), panels = packed.size(0);
@@ -240,23 +198,16 @@ at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::
                     " features, the weight takes ", 2 * packed.size(1) - 1, " or ", 2 * packed.size(1));
   TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth,
                     "linear_dot: out_features ", out_features, " does not match ", panels, " panels");
-  const bool int8 = packed.scalar_type() == at::kChar;
-  check_bias_and_scales("linear_dot", bias, scales, int8, out_features);
+  check_bias_and_scales("linear_dot", bias, std::nullopt, false, out_features);
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
 #if LORAPLEX_BF16_DOT
-  // Bias and scales padded to whole panels, so every tile reads kPanelWidth values; without a bias, every
-  // panel reads the same zeros.
+  // The bias padded to whole panels, so every tile reads kPanelWidth values; without a bias, every panel
+  // reads the same zeros.
   alignas(64) static const float kNoBias[kPanelWidth] = {};
   const at::Tensor bias_panels = pad_to_panels(bias, panels, x);
-  const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
   const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : kNoBias;
-  const int64_t b_step = bias.has_value() ? kPanelWidth : 0;
-  if (int8) {
-    run_pair_panels<Int8Pair>(x, packed, b_ptr, b_step, scale_panels.data_ptr<float>(), y, out_features);
-  } else {
-    run_pair_panels<Bf16Pair>(x, packed, b_ptr, b_step, nullptr, y, out_features);
-  }
+  run_pair_panels(x, packed, b_ptr, bias.has_value() ? kPanelWidth : 0, y, out_features);
 #endif
   return y;
 }

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 namespace loraplex {
 
@@ -47,14 +48,25 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
 // Whether this build runs the AVX512-BF16 dot-product panels here (linear_dot.cpp; kernels/linear_dot.py).
 bool linear_dot_available();
 
-// weight [N, K] (bf16 or int8) packed into panels of linear_panel_width() columns, k in pairs
+// weight [N, K] bf16 packed into panels of linear_panel_width() columns, k in pairs
 // (kernels/linear_dot.py).
 at::Tensor pack_linear_pairs(const at::Tensor& weight);
 
-// bf16(x) @ weight^T + bias on a weight from pack_linear_pairs, on vdpbf16ps; int8 panels take per-column
-// scales (kernels/linear_dot.py).
+// bf16(x) @ weight^T + bias on a weight from pack_linear_pairs, on vdpbf16ps (kernels/linear_dot.py).
 at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                      int64_t out_features, const std::optional<at::Tensor>& scales);
+                      int64_t out_features);
+
+// Whether this build runs the AVX512-VNNI int8 panels here (linear_vnni.cpp; kernels/linear_vnni.py).
+bool linear_vnni_available();
+
+// weight [N, K] int8 packed into panels of linear_panel_width() columns, k in quads, and each panel's
+// block offsets (kernels/linear_vnni.py).
+std::vector<at::Tensor> pack_linear_quads(const at::Tensor& weight);
+
+// x @ (scales * weight)^T + bias on the activations quantized to int8 per row and block of 32, on vpdpbusd
+// (kernels/linear_vnni.py).
+at::Tensor linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& offsets,
+                       const std::optional<at::Tensor>& bias, int64_t out_features, const at::Tensor& scales);
 
 // The index of each row's first maximum (a NaN wins), as torch.argmax(dim=-1) (kernels/argmax_rows.py).
 at::Tensor argmax_rows(const at::Tensor& logits);

@@ -26,6 +26,11 @@ TORCH_LIBRARY(loraplex, m) {
         &loraplex::linear_packed);
   m.def("linear_dot_available() -> bool", &loraplex::linear_dot_available);
   m.def("pack_linear_pairs(Tensor weight) -> Tensor", &loraplex::pack_linear_pairs);
-  m.def("linear_dot(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
+  m.def("linear_dot(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor",
         &loraplex::linear_dot);
+  m.def("linear_vnni_available() -> bool", &loraplex::linear_vnni_available);
+  m.def("pack_linear_quads(Tensor weight) -> Tensor[]", &loraplex::pack_linear_quads);
+  m.def(
+      "linear_vnni(Tensor x, Tensor packed, Tensor offsets, Tensor? bias, int out_features, Tensor scales) -> Tensor",
+      &loraplex::linear_vnni);
 }

@@ -18,6 +18,7 @@ from kernels import native_cpu
 from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, WeightLayout
 from kernels.linear_dot import dot_available
+from kernels.linear_vnni import vnni_available
 from tests.engine.conftest import make_engine
 
 CPU = torch.device("cpu")
@@ -32,15 +33,26 @@ def dot_runs_here() -> None:
         pytest.skip("the dot-product panels need the native kernels built for a CPU with avx512_bf16")
 
 
+def skip_unless_dot_runs(weight_format: str) -> None:
+    """Skip where ``weight_format``'s dot-product panels cannot run (bf16: avx512_bf16; int8: avx512_vnni)."""
+    runs = vnni_available() if weight_format == "int8" else dot_available()
+    if native_cpu.native_ops() is None or not runs:
+        pytest.skip(f"the {weight_format} dot-product panels need the native kernels built for a CPU that has them")
+
+
 def test_the_chooser_keeps_the_lower_median_and_says_by_how_much() -> None:
-    choice = choose_gemm([0.0201, 0.0199, 0.0500], [0.0123, 0.0124, 0.0119], 64)  # one slow widened sample
+    choice = choose_gemm([0.0201, 0.0199, 0.0500], [0.0123, 0.0124, 0.0119], 64, "bfloat16")  # a slow sample
     assert choice.gemm == DOT
     assert choice.reason == (
         "bf16 GEMM dot (vdpbf16ps on projection inputs rounded to bf16): dot tile 12.30 ms vs widened 20.10 ms "
         "at 64 rows, measured at load"
     )
-    assert choose_gemm([0.010, 0.011, 0.012], [0.013, 0.009, 0.014], 8).gemm == WIDEN  # medians 11 vs 13 ms
-    assert choose_gemm([0.010], [0.010], 64).gemm == WIDEN  # a tie keeps the widened panels
+    assert choose_gemm([0.010, 0.011, 0.012], [0.013, 0.009, 0.014], 8, "bfloat16").gemm == WIDEN  # 11 vs 13 ms
+    assert choose_gemm([0.010], [0.010], 64, "int8").gemm == WIDEN  # a tie keeps the widened panels
+    assert choose_gemm([0.0115], [0.0058], 64, "int8").reason == (
+        "int8 GEMM dot (vpdpbusd on projection inputs quantized to int8 per block of 32): dot tile 5.80 ms vs "
+        "widened 11.50 ms at 64 rows, measured at load"
+    )
 
 
 def test_the_setting_is_read_and_checked() -> None:
@@ -61,24 +73,31 @@ def test_no_choice_for_float32_weights_the_torch_kernels_or_cuda() -> None:
         resolve_bf16_gemm("dot", "bfloat16", CPU, KernelBackend.TORCH, GATE_UP, 64)
 
 
-def test_dot_is_refused_on_a_cpu_without_avx512_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dot_is_refused_on_a_cpu_without_its_dot_products(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bf16_gemm_module, "dot_available", lambda: False)
+    monkeypatch.setattr(bf16_gemm_module, "vnni_available", lambda: False)
     monkeypatch.setattr(bf16_gemm_module, "cpu_flags", lambda: "avx2 fma avx512f")
     with pytest.raises(ConfigError, match=r"this CPU has no AVX512-BF16 dot products .* use 'auto' or 'widen'"):
         resolve_bf16_gemm("dot", "bfloat16", CPU, KernelBackend.NATIVE, GATE_UP, 64)
+    with pytest.raises(ConfigError, match=r"this CPU has no AVX512-VNNI dot products .* use 'auto' or 'widen'"):
+        resolve_bf16_gemm("dot", "int8", CPU, KernelBackend.NATIVE, GATE_UP, 64)
     choice = resolve_bf16_gemm("auto", "int8", CPU, KernelBackend.NATIVE, GATE_UP, 64)
+    assert choice is not None and choice.gemm == WIDEN and "no AVX512-VNNI" in choice.reason
+    choice = resolve_bf16_gemm("auto", "bfloat16", CPU, KernelBackend.NATIVE, GATE_UP, 64)
     assert choice is not None and choice.gemm == WIDEN and "no AVX512-BF16" in choice.reason
 
 
 @pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
-def test_auto_times_both_on_the_shape_at_the_full_batch(dot_runs_here: None, weight_format: str) -> None:
+def test_auto_times_both_on_the_shape_at_the_full_batch(weight_format: str) -> None:
+    skip_unless_dot_runs(weight_format)
     widen_s, dot_s = time_gemms(GATE_UP, 64, weight_format == "int8")
     assert len(widen_s) == len(dot_s) >= MIN_ROUNDS
     started = time.perf_counter()
     choice = resolve_bf16_gemm("auto", weight_format, CPU, KernelBackend.NATIVE, GATE_UP, 64)
     assert time.perf_counter() - started < MAX_CALIBRATION_S
     assert choice is not None and choice.gemm in (WIDEN, DOT)
-    assert choice.reason.startswith(f"bf16 GEMM {choice.gemm} (") and "): dot tile " in choice.reason
+    label = "int8" if weight_format == "int8" else "bf16"
+    assert choice.reason.startswith(f"{label} GEMM {choice.gemm} (") and "): dot tile " in choice.reason
     assert choice.reason.endswith(" at 64 rows, measured at load")
 
 
@@ -108,6 +127,27 @@ def test_forcing_dot_decodes_as_the_widened_bf16_engine(dot_runs_here: None) -> 
         stats = engine.stats()
         assert stats.bf16_gemm == gemm and f"bf16_gemm={gemm} was asked for" in stats.precision_reason
         layout = WeightLayout.NATIVE_DOT if gemm == DOT else WeightLayout.NATIVE
+        assert engine.model.weights.layers[0].qkv.layout is layout
+        outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
+        tokens[gemm] = [output.token_ids for output in outputs]
+    assert tokens[DOT] == tokens[WIDEN]
+
+
+@pytest.mark.default_model
+def test_forcing_dot_on_int8_weights_runs_the_vnni_panels_and_decodes_as_the_widened_engine() -> None:
+    """The int8 dot panels quantize each projection's input per block of 32, so a long greedy continuation
+    may part at a near tie (bench_quality measures how often); two short ones with clear leaders agree."""
+    skip_unless_dot_runs("int8")
+    settings = Settings.from_env()
+    folder = resolve_model(settings.model, settings.home)
+    prompts = ["Once upon a time", "1, 2, 3, 4,"]
+    params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for gemm in (WIDEN, DOT):
+        engine = make_engine(folder, dtype="bfloat16", quantization="int8", bf16_gemm=gemm, pool_bytes=64 * 1024**2)
+        stats = engine.stats()
+        assert stats.bf16_gemm == gemm and f"int8 GEMM {gemm} (" in stats.precision_reason
+        layout = WeightLayout.NATIVE_VNNI if gemm == DOT else WeightLayout.NATIVE
         assert engine.model.weights.layers[0].qkv.layout is layout
         outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
         tokens[gemm] = [output.token_ids for output in outputs]

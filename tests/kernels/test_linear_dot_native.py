@@ -1,4 +1,4 @@
-"""The native dot-product panels (bf16 and int8 weights, k in pairs, vdpbf16ps) against a float64 reference on
+"""The native dot-product panels (bf16 weights, k in pairs, vdpbf16ps) against a float64 reference on
 bf16-rounded activations: row counts on both sides of the tile size and of a pass, odd in_features, partial
 last panels, bias, batch invariance, bad inputs; and where they cannot run, that the engine keeps the
 widened panels (the AVX2 build runs this file too)."""
@@ -12,7 +12,7 @@ import torch
 from engine.bf16_gemm import resolve_bf16_gemm
 from engine.errors import ConfigError
 from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
+from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
 from kernels.linear_dot import dot_available, linear_dot, pack_linear_pairs
 from kernels.native_cpu import MARCH_ENV, cpu_flags
 
@@ -30,15 +30,6 @@ def seed() -> int:
     return random.randrange(2**31)
 
 
-def weights_of(weight_format: str, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The stored weight (bf16, or int8 q), its scales, and the float64 weight it stands for [out, in]."""
-    if weight_format == "int8":
-        q, scales = quantize_int8(weight)  # [out, in] int8, [out]
-        return q, scales, q.double() * scales.double()[:, None]
-    stored = weight.bfloat16()
-    return stored, None, stored.double()
-
-
 def reference(x: torch.Tensor, exact: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """float64 x rounded to bf16 (ties to even) @ exact.T + bias: [rows, out]."""
     y = x.bfloat16().double() @ exact.T
@@ -53,51 +44,50 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, seed: int) -> Non
     assert error <= TOLERANCE, f"scaled error {error:.2e} (seed={seed})"
 
 
-@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.int8])
-def test_pair_panels_hold_k_in_pairs_and_zero_past_the_weight(native, weight_dtype: torch.dtype):
+def test_pair_panels_hold_k_in_pairs_and_zero_past_the_weight(native):
     width = native.linear_panel_width()
-    weight = (torch.arange((width + 5) * 3) % 120).reshape(width + 5, 3).to(weight_dtype)  # [out, in=3]: odd k
+    weight = (torch.arange((width + 5) * 3) % 120).reshape(width + 5, 3).to(torch.bfloat16)  # [out, in=3]: odd k
     packed = pack_linear_pairs(weight)  # [2, 2, 2 * width]
-    assert packed.shape == (2, 2, 2 * width) and packed.dtype == weight_dtype
+    assert packed.shape == (2, 2, 2 * width) and packed.dtype == torch.bfloat16
     for out in range(width + 5):
         panel, column = packed[out // width], out % width
         assert torch.equal(panel[:, 2 * column : 2 * column + 2].reshape(-1)[:3], weight[out])
         assert panel[1, 2 * column + 1] == 0  # k = 3 is past in_features
     assert not packed[1, :, 10:].any()
-    with pytest.raises(ValueError, match="bfloat16 or int8"):
+    with pytest.raises(ValueError, match="bfloat16"):
         pack_linear_pairs(weight.float())
+    with pytest.raises(ValueError, match="bfloat16"):
+        pack_linear_pairs(weight.to(torch.int8))
 
 
 @needs_dot
 @pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 64, 129])  # tiles of 8, passes of 128
 @pytest.mark.parametrize(("in_features", "out_features"), [(576, 960), (1536, 576), (37, 50), (16, 1)])
-@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
 def test_dot_panels_match_float64_on_bf16_rounded_inputs(
-    native, rows: int, in_features: int, out_features: int, weight_format: str, seed: int
+    native, rows: int, in_features: int, out_features: int, seed: int
 ):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, in_features, generator=gen)  # [rows, in]
     weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
     bias = torch.randn(out_features, generator=gen) if rows % 2 else None  # [out], on odd row counts
-    stored, scales, exact = weights_of(weight_format, weight)
-    actual = linear_dot(x, pack_linear_pairs(stored), bias, out_features, scales)  # [rows, out]
-    assert_close(actual, reference(x, exact, bias), seed)
+    stored = weight.bfloat16()
+    actual = linear_dot(x, pack_linear_pairs(stored), bias, out_features)  # [rows, out]
+    assert_close(actual, reference(x, stored.double(), bias), seed)
 
 
 @needs_dot
-@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
-def test_a_rows_result_is_the_same_bits_in_any_batch(native, weight_format: str, seed: int):
+def test_a_rows_result_is_the_same_bits_in_any_batch(native, seed: int):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(300, 577, generator=gen)  # [300, in]: odd in_features, passes of 128 and a partial one
-    stored, scales, _ = weights_of(weight_format, torch.randn(1000, 577, generator=gen) / 24)  # [out, in]
+    stored = (torch.randn(1000, 577, generator=gen) / 24).bfloat16()  # [out, in]
     bias = torch.randn(1000, generator=gen)
     packed = pack_linear_pairs(stored)
-    alone = torch.cat([linear_dot(x[i : i + 1], packed, bias, 1000, scales) for i in (0, 5, 299)])  # [3, out]
-    for batch in (x[:8], x[:9], x[:64], x):  # one tile (int8: in registers), several (int8: scratch), passes
-        together = linear_dot(batch, packed, bias, 1000, scales)  # [rows, out]
+    alone = torch.cat([linear_dot(x[i : i + 1], packed, bias, 1000) for i in (0, 5, 299)])  # [3, out]
+    for batch in (x[:8], x[:9], x[:64], x):  # one tile, a tile and a tail, several, passes
+        together = linear_dot(batch, packed, bias, 1000)  # [rows, out]
         assert torch.equal(together[0], alone[0]), f"seed={seed}"
         assert torch.equal(together[5], alone[1]), f"seed={seed}"
-    assert torch.equal(linear_dot(x, packed, bias, 1000, scales)[299], alone[2]), f"seed={seed}"
+    assert torch.equal(linear_dot(x, packed, bias, 1000)[299], alone[2]), f"seed={seed}"
 
 
 @needs_dot
@@ -112,8 +102,7 @@ def test_strided_rows(native, seed: int):
 
 @needs_dot
 def test_bad_inputs_are_refused(native):
-    q, scales = quantize_int8(torch.randn(100, 64))
-    packed, packed_int8 = pack_linear_pairs(torch.randn(100, 64).bfloat16()), pack_linear_pairs(q)
+    packed = pack_linear_pairs(torch.randn(100, 64).bfloat16())
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match="float32"):
         linear_dot(x.double(), packed, None, 100)
@@ -123,25 +112,18 @@ def test_bad_inputs_are_refused(native):
         linear_dot(x, packed, None, 200)
     with pytest.raises(ValueError, match="pack_linear_pairs"):
         linear_dot(x, native.pack_linear_weight(torch.randn(100, 64).bfloat16()), None, 100)
-    with pytest.raises(ValueError, match="scales"):
-        linear_dot(x, packed_int8, None, 100)
-    with pytest.raises(ValueError, match="scales"):
-        linear_dot(x, packed, None, 100, scales)
     with pytest.raises(ValueError, match="bias"):
         linear_dot(x, packed, torch.randn(99), 100)
 
 
 @needs_dot
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_linear_weight_takes_the_dot_panels_when_asked(native, quantization: str | None, seed: int):
+def test_linear_weight_takes_the_dot_panels_when_asked(native, seed: int):
     gen = torch.Generator().manual_seed(seed)
     weight, bias = (torch.randn(200, 96, generator=gen) / 10).bfloat16(), torch.randn(200, generator=gen)
     x = torch.randn(33, 96, generator=gen)
-    prepared = LinearWeight.prepare(weight, bias.bfloat16(), KernelBackend.NATIVE, quantization, DOT)
-    assert prepared.layout is WeightLayout.NATIVE_DOT
-    assert prepared.weight.dtype == (torch.int8 if quantization else torch.bfloat16)
-    _, _, exact = weights_of("int8" if quantization else "bfloat16", weight)
-    assert_close(linear(x, prepared), reference(x, exact, bias.bfloat16().float()), seed)
+    prepared = LinearWeight.prepare(weight, bias.bfloat16(), KernelBackend.NATIVE, None, DOT)
+    assert prepared.layout is WeightLayout.NATIVE_DOT and prepared.weight.dtype == torch.bfloat16
+    assert_close(linear(x, prepared), reference(x, weight.double(), bias.bfloat16().float()), seed)
 
 
 def test_the_dot_panels_run_exactly_where_the_build_and_cpu_have_avx512_bf16(native):
@@ -153,12 +135,11 @@ def test_the_dot_panels_run_exactly_where_the_build_and_cpu_have_avx512_bf16(nat
             linear_dot(torch.randn(4, 64), packed, None, 100)
 
 
-@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
-def test_auto_keeps_the_widened_panels_where_the_dot_panels_cannot_run(native, weight_format: str):
+def test_auto_keeps_the_widened_panels_where_the_dot_panels_cannot_run(native):
     if dot_available():
         pytest.skip("this build runs the dot-product panels (the AVX2 build's run of this file tests the rest)")
-    choice = resolve_bf16_gemm("auto", weight_format, CPU, KernelBackend.NATIVE, (3072, 576), 64)
+    choice = resolve_bf16_gemm("auto", "bfloat16", CPU, KernelBackend.NATIVE, (3072, 576), 64)
     assert choice is not None and choice.gemm == WIDEN
-    assert "widen" in choice.reason and "AVX512-BF16" in choice.reason
+    assert choice.reason.startswith("bf16 GEMM widen") and "AVX512-BF16" in choice.reason
     with pytest.raises(ConfigError, match=r"bf16_gemm='dot' cannot be used.*AVX512-BF16"):
-        resolve_bf16_gemm("dot", weight_format, CPU, KernelBackend.NATIVE, (3072, 576), 64)
+        resolve_bf16_gemm("dot", "bfloat16", CPU, KernelBackend.NATIVE, (3072, 576), 64)
