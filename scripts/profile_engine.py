@@ -1,13 +1,15 @@
 """Where the engine's time goes on bench_vllm_cpu.py's workload: torch.profiler's operators, grouped by kind.
 
 Runs the workload of ``bench_vllm_cpu.py`` (64 requests, prompts of 64 to 128 random tokens, 64 output
-tokens, greedy, ``ignore_eos``, fp32) on the base model and with 16 rank-8 adapters on all linear
+tokens, greedy, ``ignore_eos``; the engine's default precision unless ``--dtype`` and ``--quantization`` say
+otherwise) on the base model and with 16 rank-8 adapters on all linear
 modules, after a warm-up, under ``torch.profiler`` (CPU activities), and prints each kind's share of the
 operators' self time, its calls per step, and the share of the wall time no operator accounts for
 (Python, the scheduler, the sampler's host work). ``ONEDNN_VERBOSE=1`` in the environment adds oneDNN's
 own line per GEMM on stderr, for the kernels it picks.
 
     python scripts/profile_engine.py --json        # last line: one JSON object
+    python scripts/profile_engine.py --dtype bfloat16 --quantization int8 --json
 """
 
 import argparse
@@ -104,8 +106,11 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_case(folder, workload: dict, num_adapters: int, kernels: str) -> dict:
-    engine = Engine(EngineConfig(model=str(folder), max_num_seqs=64, kernels=kernels))
+def profile_case(folder, workload: dict, num_adapters: int, args: argparse.Namespace) -> dict:
+    config = EngineConfig(
+        model=str(folder), max_num_seqs=64, kernels=args.kernels, dtype=args.dtype, quantization=args.quantization
+    )
+    engine = Engine(config)
     names = [f"a{i}" for i in range(num_adapters)]
     for name, path in zip(names, workload["adapters"], strict=False):
         engine.add_adapter(name, path)
@@ -131,6 +136,7 @@ def profile_case(folder, workload: dict, num_adapters: int, kernels: str) -> dic
     ops_us = sum(by_kind.values())
     top.sort(reverse=True)
     return {
+        "precision": engine.stats().precision_reason,
         "steps": num_steps,
         "wall_s": round(wall_us / 1e6, 2),
         "tok_s": round(len(workload["prompts"]) * workload["max_tokens"] * 1e6 / wall_us, 1),
@@ -151,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--kernels", default="auto", help="the engine's kernels setting: auto, native or torch")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--quantization", default=None, choices=("int8",))
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = make_workload(model.vocab_size, args.num_requests, args.max_tokens, adapters, seed=0)
     result = {"threads": torch.get_num_threads(), "kernels": args.kernels}
     for case, k in (("base", 0), ("k16", 16)):
-        result[case] = profile_case(folder, workload, k, args.kernels)
+        result[case] = profile_case(folder, workload, k, args)
         logger.info("%s: %s", case, json.dumps(result[case]["kinds"]))
     out = sys.stdout
     if args.json:

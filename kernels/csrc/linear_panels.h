@@ -88,9 +88,11 @@ inline void finish_sums(FW (&acc)[R][kPanelVectors], const float* bias, const fl
   }
 }
 
-// `values` [out_features] fp32 padded with zeros to whole panels, or an empty tensor when absent.
+// `values` [out_features] fp32 padded with zeros to whole panels (itself when it fills them), or an empty
+// tensor when absent.
 inline at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t panels, const at::Tensor& like) {
   if (!values.has_value()) return at::Tensor();
+  if (values->size(0) == panels * kPanelWidth && values->is_contiguous()) return *values;
   at::Tensor padded = at::zeros({panels * kPanelWidth}, like.options());
   padded.narrow(0, 0, values->size(0)).copy_(*values);
   return padded;
