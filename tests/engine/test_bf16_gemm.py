@@ -27,12 +27,6 @@ MAX_CALIBRATION_S = 0.5  # what an engine's start may spend timing the two GEMMs
 GREEDY_TOKENS = 16
 
 
-@pytest.fixture
-def dot_runs_here() -> None:
-    if native_cpu.native_ops() is None or not dot_available():
-        pytest.skip("the dot-product panels need the native kernels built for a CPU with avx512_bf16")
-
-
 def skip_unless_dot_runs(weight_format: str) -> None:
     """Skip where ``weight_format``'s dot-product panels cannot run (bf16: avx512_bf16; int8: avx512_vnni)."""
     runs = vnni_available() if weight_format == "int8" else dot_available()
@@ -101,7 +95,8 @@ def test_auto_times_both_on_the_shape_at_the_full_batch(weight_format: str) -> N
     assert choice.reason.endswith(" at 64 rows, measured at load")
 
 
-def test_an_engine_reports_its_measured_choice(tiny_llama: Path, dot_runs_here: None) -> None:
+def test_an_engine_reports_its_measured_choice(tiny_llama: Path) -> None:
+    skip_unless_dot_runs("bfloat16")
     engine = make_engine(tiny_llama, kernels="native", dtype="bfloat16", bf16_gemm="auto", max_num_seqs=16)
     stats = engine.stats()
     assert stats.bf16_gemm in (WIDEN, DOT)
@@ -114,40 +109,30 @@ def test_an_engine_reports_its_measured_choice(tiny_llama: Path, dot_runs_here: 
 
 
 @pytest.mark.default_model
-def test_forcing_dot_decodes_as_the_widened_bf16_engine(dot_runs_here: None) -> None:
-    """The dot panels round each projection's input to bf16 too, so a long greedy continuation may part at a
-    near tie (bench_quality measures how often); two short ones with clear leaders agree token for token."""
+@pytest.mark.parametrize(
+    ("quantization", "label", "dot_layout"),
+    [(None, "bf16", WeightLayout.NATIVE_DOT), ("int8", "int8", WeightLayout.NATIVE_VNNI)],
+)
+def test_forcing_dot_decodes_as_the_widened_engine(
+    quantization: str | None, label: str, dot_layout: WeightLayout
+) -> None:
+    """The dot panels round (bf16) or quantize per block of 32 (int8) each projection's input too, so a long
+    greedy continuation may part at a near tie (bench_quality measures how often); two short ones with clear
+    leaders agree token for token."""
+    skip_unless_dot_runs(quantization or "bfloat16")
     settings = Settings.from_env()
     folder = resolve_model(settings.model, settings.home)
     prompts = ["Once upon a time", "1, 2, 3, 4,"]
     params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     tokens = {}
     for gemm in (WIDEN, DOT):
-        engine = make_engine(folder, dtype="bfloat16", bf16_gemm=gemm, pool_bytes=64 * 1024**2)
+        engine = make_engine(
+            folder, dtype="bfloat16", quantization=quantization, bf16_gemm=gemm, pool_bytes=64 * 1024**2
+        )
         stats = engine.stats()
-        assert stats.bf16_gemm == gemm and f"bf16_gemm={gemm} was asked for" in stats.precision_reason
-        layout = WeightLayout.NATIVE_DOT if gemm == DOT else WeightLayout.NATIVE
-        assert engine.model.weights.layers[0].qkv.layout is layout
-        outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
-        tokens[gemm] = [output.token_ids for output in outputs]
-    assert tokens[DOT] == tokens[WIDEN]
-
-
-@pytest.mark.default_model
-def test_forcing_dot_on_int8_weights_runs_the_vnni_panels_and_decodes_as_the_widened_engine() -> None:
-    """The int8 dot panels quantize each projection's input per block of 32, so a long greedy continuation
-    may part at a near tie (bench_quality measures how often); two short ones with clear leaders agree."""
-    skip_unless_dot_runs("int8")
-    settings = Settings.from_env()
-    folder = resolve_model(settings.model, settings.home)
-    prompts = ["Once upon a time", "1, 2, 3, 4,"]
-    params = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
-    tokens = {}
-    for gemm in (WIDEN, DOT):
-        engine = make_engine(folder, dtype="bfloat16", quantization="int8", bf16_gemm=gemm, pool_bytes=64 * 1024**2)
-        stats = engine.stats()
-        assert stats.bf16_gemm == gemm and f"int8 GEMM {gemm} (" in stats.precision_reason
-        layout = WeightLayout.NATIVE_VNNI if gemm == DOT else WeightLayout.NATIVE
+        assert stats.bf16_gemm == gemm and f"{label} GEMM {gemm} (" in stats.precision_reason
+        assert f"bf16_gemm={gemm} was asked for" in stats.precision_reason
+        layout = dot_layout if gemm == DOT else WeightLayout.NATIVE
         assert engine.model.weights.layers[0].qkv.layout is layout
         outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
         tokens[gemm] = [output.token_ids for output in outputs]

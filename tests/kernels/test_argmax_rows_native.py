@@ -10,12 +10,6 @@ from kernels.argmax_rows import argmax_rows
 from kernels.backend import KernelBackend
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
-
-
 def check(logits: torch.Tensor, seed: int) -> None:
     actual = argmax_rows(logits, KernelBackend.NATIVE)  # [num_rows]
     assert actual.dtype == torch.int64

@@ -9,8 +9,6 @@ by the K/V's rounding alone, within 2e-2 on unit-scale inputs (bf16 keeps 8 bits
 Run under LORAPLEX_NATIVE_MARCH=haswell too, to test the AVX2 widening.
 """
 
-import random
-
 import pytest
 import torch
 
@@ -25,12 +23,6 @@ BF16_VS_FP32_TOL = 2e-2  # attention over bf16-rounded K/V against the same over
 KINDS = {"decode": BATCHES["decode"], "mixed": BATCHES["mixed"], "long": LONG}
 NUM_LAYERS = 3
 LAYER = 1
-
-
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
 
 
 def with_kv(batch: Batch, kv_cache: torch.Tensor) -> Batch:

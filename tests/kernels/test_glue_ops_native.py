@@ -17,12 +17,6 @@ TOL = 1e-5
 EPS = 1e-5
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
-
-
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, seed: int) -> None:
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol, msg=lambda m: f"{m}\nseed={seed}")
 

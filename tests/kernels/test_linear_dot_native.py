@@ -4,7 +4,6 @@ last panels, bias, batch invariance, bad inputs; and where they cannot run, that
 widened panels (the AVX2 build runs this file too)."""
 
 import os
-import random
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
 from kernels.linear_dot import dot_available, linear_dot, pack_linear_pairs
 from kernels.native_cpu import MARCH_ENV, cpu_flags
+from tests.kernels.scaled_error import assert_scaled_close
 
-TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 summation of exact products
 CPU = torch.device("cpu")
 needs_dot = pytest.mark.skipif(
     "avx512_bf16" not in cpu_flags().split() or os.environ.get(MARCH_ENV) is not None,
@@ -24,24 +23,10 @@ needs_dot = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
-
-
 def reference(x: torch.Tensor, exact: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """float64 x rounded to bf16 (ties to even) @ exact.T + bias: [rows, out]."""
     y = x.bfloat16().double() @ exact.T
     return y if bias is None else y + bias.double()
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, seed: int) -> None:
-    assert actual.shape == expected.shape and actual.dtype == torch.float32, f"seed={seed}"
-    if not actual.numel():
-        return
-    error = ((actual.double() - expected).abs() / (1 + expected.abs())).max().item()
-    assert error <= TOLERANCE, f"scaled error {error:.2e} (seed={seed})"
 
 
 def test_pair_panels_hold_k_in_pairs_and_zero_past_the_weight(native):
@@ -72,7 +57,7 @@ def test_dot_panels_match_float64_on_bf16_rounded_inputs(
     bias = torch.randn(out_features, generator=gen) if rows % 2 else None  # [out], on odd row counts
     stored = weight.bfloat16()
     actual = linear_dot(x, pack_linear_pairs(stored), bias, out_features)  # [rows, out]
-    assert_close(actual, reference(x, stored.double(), bias), seed)
+    assert_scaled_close(actual, reference(x, stored.double(), bias), seed)
 
 
 @needs_dot
@@ -97,7 +82,7 @@ def test_strided_rows(native, seed: int):
     weight = (torch.randn(960, 576, generator=gen) / 24).bfloat16()  # [out, in]
     packed = pack_linear_pairs(weight)
     for x in (wide[:, :576], wide[::3, 100:676]):
-        assert_close(linear_dot(x, packed, None, 960), reference(x, weight.double(), None), seed)
+        assert_scaled_close(linear_dot(x, packed, None, 960), reference(x, weight.double(), None), seed)
 
 
 @needs_dot
@@ -123,7 +108,7 @@ def test_linear_weight_takes_the_dot_panels_when_asked(native, seed: int):
     x = torch.randn(33, 96, generator=gen)
     prepared = LinearWeight.prepare(weight, bias.bfloat16(), KernelBackend.NATIVE, None, DOT)
     assert prepared.layout is WeightLayout.NATIVE_DOT and prepared.weight.dtype == torch.bfloat16
-    assert_close(linear(x, prepared), reference(x, weight.double(), bias.bfloat16().float()), seed)
+    assert_scaled_close(linear(x, prepared), reference(x, weight.double(), bias.bfloat16().float()), seed)
 
 
 def test_the_dot_panels_run_exactly_where_the_build_and_cpu_have_avx512_bf16(native):

@@ -4,7 +4,6 @@ inputs; and LinearWeight choosing it."""
 
 import os
 import platform
-import random
 
 import pytest
 import torch
@@ -14,22 +13,7 @@ from kernels.backend import KernelBackend
 from kernels.linear import LinearWeight, WeightLayout, linear, quantize_int8
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
-
-TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 summation order only
-
-
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, seed: int) -> None:
-    assert actual.shape == expected.shape, f"seed={seed}"
-    if not actual.numel():
-        return
-    error = ((actual.double() - expected.double()).abs() / (1 + expected.double().abs())).max().item()
-    assert error <= TOLERANCE, f"scaled error {error:.2e} (seed={seed})"
+from tests.kernels.scaled_error import assert_scaled_close
 
 
 def test_packed_layout_holds_each_panel_k_major_and_zero_past_the_weight(native):
@@ -51,7 +35,7 @@ def test_matches_f_linear(native, rows: int, in_features: int, out_features: int
     weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
     bias = torch.randn(out_features, generator=gen) if with_bias else None  # [out]
     actual = linear_packed(x, pack_linear_weight(weight), bias, out_features)  # [rows, out]
-    assert_close(actual, F.linear(x, weight, bias), seed)
+    assert_scaled_close(actual, F.linear(x, weight, bias), seed)
 
 
 def test_strided_rows(native, seed: int):
@@ -60,7 +44,7 @@ def test_strided_rows(native, seed: int):
     weight = torch.randn(960, 576, generator=gen) / 24  # [out, in]
     packed = pack_linear_weight(weight)
     for x in (wide[:, :576], wide[::3, 100:676]):
-        assert_close(linear_packed(x, packed, None, 960), F.linear(x, weight), seed)
+        assert_scaled_close(linear_packed(x, packed, None, 960), F.linear(x, weight), seed)
 
 
 def test_a_rows_result_is_the_same_bits_in_any_batch(native, seed: int):
@@ -136,7 +120,7 @@ def test_linear_weight_takes_the_native_panels_where_preferred(native, seed: int
     assert native_weight.layout is expected_layout
     assert torch_weight.layout is not WeightLayout.NATIVE
     for prepared in (native_weight, torch_weight):
-        assert_close(linear(x, prepared), F.linear(x, weight, bias), seed)
+        assert_scaled_close(linear(x, prepared), F.linear(x, weight, bias), seed)
 
 
 @pytest.mark.parametrize("rows", [1, 9, 129])
@@ -156,7 +140,7 @@ def test_bf16_and_int8_panels_match_f_linear_on_their_weights(
         scales, packed, exact = None, pack_linear_weight(weight.bfloat16()), weight.bfloat16().float()
     assert packed.dtype == (torch.int8 if weight_format == "int8" else torch.bfloat16)
     actual = linear_packed(x, packed, bias, out_features, scales)  # [rows, out]
-    assert_close(actual, F.linear(x, exact, bias), seed)
+    assert_scaled_close(actual, F.linear(x, exact, bias), seed)
 
 
 def test_int8_quantization_is_symmetric_per_row_and_close():
@@ -195,7 +179,7 @@ def test_linear_weight_takes_native_panels_for_bf16_and_int8_on_any_build(native
     if quantization:
         q, scales = quantize_int8(weight.bfloat16())
         held = q.float() * scales[:, None]
-    assert_close(linear(x, prepared), F.linear(x, held, bias.bfloat16().float()), seed)
+    assert_scaled_close(linear(x, prepared), F.linear(x, held, bias.bfloat16().float()), seed)
 
 
 @pytest.mark.parametrize("activation_dtype", [torch.float32, torch.bfloat16])

@@ -4,7 +4,6 @@ of a pass, in_features off the block size, partial last panels, bias, batch inva
 where they cannot run, that the engine keeps the widened panels (the AVX2 build runs this file too)."""
 
 import os
-import random
 
 import pytest
 import torch
@@ -16,19 +15,13 @@ from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
 from kernels.linear_vnni import BLOCK, linear_vnni, pack_linear_quads, quantize_blocks, vnni_available
 from kernels.native_cpu import MARCH_ENV, cpu_flags
+from tests.kernels.scaled_error import assert_scaled_close
 
-TOLERANCE = 1e-4  # scaled error |actual - expected| / (1 + |expected|): fp32 sums of exact block sums
 CPU = torch.device("cpu")
 needs_vnni = pytest.mark.skipif(
     "avx512_vnni" not in cpu_flags().split() or os.environ.get(MARCH_ENV) is not None,
     reason="the int8 dot-product panels need a CPU with avx512_vnni and the library built for it",
 )
-
-
-@pytest.fixture
-def seed() -> int:
-    """A fresh seed per test, shown when a comparison fails so the case can be replayed."""
-    return random.randrange(2**31)
 
 
 def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -39,14 +32,6 @@ def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torc
     block_sums = torch.einsum("tbk,obk->tob", xq.double().view(rows, blocks, BLOCK), wq)  # [rows, out, blocks]
     y = (block_sums * xs.double()[:, None, :]).sum(dim=2) * scales.double()  # [rows, out]
     return y if bias is None else y + bias.double()
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, seed: int) -> None:
-    assert actual.shape == expected.shape and actual.dtype == torch.float32, f"seed={seed}"
-    if not actual.numel():
-        return
-    error = ((actual.double() - expected).abs() / (1 + expected.abs())).max().item()
-    assert error <= TOLERANCE, f"scaled error {error:.2e} (seed={seed})"
 
 
 def test_quad_panels_hold_k_in_quads_and_block_offsets(native):
@@ -91,7 +76,7 @@ def test_vnni_panels_match_float64_on_the_quantized_inputs(
     bias = torch.randn(out_features, generator=gen) if rows % 2 else None  # [out], on odd row counts
     packed, offsets = pack_linear_quads(q)
     actual = linear_vnni(x, packed, offsets, bias, out_features, scales)  # [rows, out]
-    assert_close(actual, reference(x, q, scales, bias), seed)
+    assert_scaled_close(actual, reference(x, q, scales, bias), seed)
 
 
 @needs_vnni
@@ -118,7 +103,7 @@ def test_strided_rows(native, seed: int):
     packed, offsets = pack_linear_quads(q)
     for x in (wide[:, :576], wide[::3, 100:676]):
         actual = linear_vnni(x, packed, offsets, None, 960, scales)
-        assert_close(actual, reference(x.contiguous(), q, scales, None), seed)
+        assert_scaled_close(actual, reference(x.contiguous(), q, scales, None), seed)
 
 
 @needs_vnni
@@ -151,7 +136,7 @@ def test_linear_weight_takes_the_vnni_panels_for_int8_when_asked(native, seed: i
     assert prepared.layout is WeightLayout.NATIVE_VNNI and prepared.weight.dtype == torch.int8
     assert prepared.weight_bytes == prepared.weight.numel() + 4 * (prepared.scales.numel() + prepared.offsets.numel())
     q, scales = quantize_int8(weight)
-    assert_close(linear(x, prepared), reference(x, q, scales, bias.bfloat16().float()), seed)
+    assert_scaled_close(linear(x, prepared), reference(x, q, scales, bias.bfloat16().float()), seed)
 
 
 def test_the_vnni_panels_run_exactly_where_the_build_and_cpu_have_avx512_vnni(native):
