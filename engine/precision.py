@@ -12,12 +12,13 @@
   a GiB of pool holds twice the tokens or twice the adapters, and a decode step streams half the K/V and
   adapter bytes. Activations and the glue ops stay fp32.
 - ``quantization="int8"``: per-output-row symmetric int8 projection weights, quantized at load; the
-  activations in the model's dtype, adapters unquantized. The embedding and norms keep the model's dtype.
+  activations in the model's dtype between ops (the VNNI GEMM quantizes each projection's input per block
+  of 32 for its dot products), adapters unquantized. The embedding and norms keep the model's dtype.
 - ``auto``: bf16 on CUDA; on CPU bf16 where the CPU computes it natively (AVX512-BF16 or AMX), fp32
   elsewhere.
 - On the native CPU kernels, bf16 and int8 weights run on one of two GEMMs, k-major panels widened to fp32
-  or AVX512-BF16 dot products, measured at load where the CPU has both (engine/bf16_gemm.py); the choice
-  and its measured reason join the precision's.
+  or the format's dot products (bf16: AVX512-BF16's, int8: AVX512-VNNI's), measured at load where the CPU
+  has both (engine/bf16_gemm.py); the choice and its measured reason join the precision's.
 """
 
 import logging

@@ -1,7 +1,7 @@
 // What the panel GEMMs share (linear_packed.cpp: k-major panels of fp32, bf16 or int8 weights;
 // linear_dot.cpp: bf16 weights with k in pairs on AVX512-BF16's dot products; linear_vnni.cpp: int8 weights
-// with k in quads on AVX512-VNNI's): the panel and tile sizes, the prefetch of a thread's next panel, a tile's first and last touches of its sums, and the
-// checks of a call's bias and scales.
+// with k in quads on AVX512-VNNI's): the panel and tile sizes, the prefetch of a thread's next panel, a
+// tile's first and last touches of its sums, and the checks of a call's bias and scales.
 #pragma once
 
 #include <ATen/core/Tensor.h>
