@@ -117,7 +117,7 @@ def resolve_bf16_gemm(
     if device.type != "cpu":
         return None
     int8 = weight_format == "int8"
-    if setting == DOT and (backend is not KernelBackend.NATIVE or not _dot_runs(int8)):
+    if setting == DOT and (backend is not KernelBackend.NATIVE or not dot_runs(weight_format)):
         raise ConfigError(
             f"bf16_gemm='dot' cannot be used: {_dot_unavailable_reason(backend, int8)}; use 'auto' or 'widen'"
         )
@@ -126,7 +126,7 @@ def resolve_bf16_gemm(
     how, label = HOW[weight_format], _label(weight_format)
     if setting != AUTO:
         return GemmChoice(setting, f"{label} GEMM {setting} ({how[setting]}): bf16_gemm={setting} was asked for")
-    if not _dot_runs(int8):
+    if not dot_runs(weight_format):
         return GemmChoice(WIDEN, f"{label} GEMM widen ({how[WIDEN]}): {_dot_unavailable_reason(backend, int8)}")
     started = time.perf_counter()
     widen_s, dot_s = time_gemms(shape, rows, int8)
@@ -139,9 +139,10 @@ def _label(weight_format: str) -> str:
     return "int8" if weight_format == "int8" else "bf16"
 
 
-def _dot_runs(int8: bool) -> bool:
-    """Whether the dot-product panels of int8 (or bf16) weights run here."""
-    return vnni_available() if int8 else dot_available()
+def dot_runs(weight_format: str) -> bool:
+    """Whether the native dot-product panels of ``weight_format`` weights run here (int8: AVX512-VNNI's;
+    bf16, and float32 whose setting is checked alike: AVX512-BF16's)."""
+    return vnni_available() if weight_format == "int8" else dot_available()
 
 
 def _dot_unavailable_reason(backend: KernelBackend, int8: bool) -> str:

@@ -41,7 +41,6 @@ from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.precision import dtype_name
 from kernels.backend import KernelBackend
-from kernels.linear import WIDEN
 from kernels.native_cpu import unavailable_reason
 
 GENERATE_PROMPT = "The three primary colours are"
@@ -70,13 +69,13 @@ def run_doctor(settings: Settings) -> list[CheckResult]:
     head_dim = model_config.head_dim if model_config else HEAD_DIM_WITHOUT_MODEL
     gate_up_shape = model_config.gate_up_shape if model_config else GATE_UP_SHAPE_WITHOUT_MODEL
     backend_check, backend = check_kernel_backend(config, device, dtype, head_dim)
-    precision_check, bf16_gemm = check_precision(config, device, backend, gate_up_shape)
+    precision_check = check_precision(config, device, backend, gate_up_shape)
     return [
         check_device(device),
         backend_check,
         precision_check,
         *check_native_ops(device, backend),
-        *check_weight_formats(device, backend, bf16_gemm),
+        *check_weight_formats(device, backend),
         *check_pool_formats(device, backend),
         *check_cuda_ops(device, dtype, backend),
         model_problem or check_generate(config, model, device, dtype, backend),
@@ -155,15 +154,15 @@ def check_kernel_backend(
 
 def check_precision(
     config: EngineConfig, device: torch.device, backend: KernelBackend | None, gate_up_shape: tuple[int, int]
-) -> tuple[CheckResult, str]:
+) -> CheckResult:
     """The dtypes, weight format and GEMM of bf16 and int8 weights (timed as the engine times them) the engine
-    would run with, and why; and that GEMM ("widen" where there is no choice)."""
+    would run with, and why."""
     if backend is None:
-        return CheckResult("precision", Status.SKIP, "no kernel backend could be chosen (see above)"), WIDEN
+        return CheckResult("precision", Status.SKIP, "no kernel backend could be chosen (see above)")
     try:
         precision = config.precision(device, backend, gate_up_shape)
     except ConfigError as error:
-        return CheckResult("precision", Status.FAIL, str(error)), WIDEN
+        return CheckResult("precision", Status.FAIL, str(error))
     values = {
         "dtype": dtype_name(precision.dtype),
         "activation_dtype": dtype_name(precision.activation_dtype),
@@ -171,7 +170,7 @@ def check_precision(
         "weight_format": precision.weight_format,
         "bf16_gemm": precision.bf16_gemm or "",
     }
-    return CheckResult("precision", Status.PASS, precision.reason, values), precision.bf16_gemm or WIDEN
+    return CheckResult("precision", Status.PASS, precision.reason, values)
 
 
 def check_generate(

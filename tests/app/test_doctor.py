@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from app.cli.main import cli
+from engine.bf16_gemm import dot_runs
 from kernels import linear as linear_module
 from kernels import op_checks
 from kernels.backend import KernelBackend
@@ -81,6 +82,9 @@ def test_cpu_path_report(tmp_path: Path, tiny_model: Path, native_builds: bool) 
     for weight_format in WEIGHT_FORMATS:
         status, detail = rows[f"weights {weight_format}"]
         assert status == "ok" and "against float32 weights" in detail, detail
+        if native_builds:  # every GEMM an engine of that format could time and keep here is checked
+            panels = "widen and dot panels" if dot_runs(weight_format) else "widen panels"
+            assert f"(native, {panels})" in detail, detail
     for kv_format in KV_FORMATS:
         status, detail = rows[f"kv {kv_format}"]
         assert (status == "ok" and "against float32 K/V" in detail) if native_builds else status == "skip", detail
