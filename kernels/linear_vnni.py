@@ -49,7 +49,8 @@ def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x: [num_rows, in_features] float32.
     Returns:
         q [num_rows, num_blocks * 32] int8 (zero past in_features) and scales [num_rows, num_blocks] float32,
-        x[t, k] ~= scales[t, k // 32] * q[t, k].
+        x[t, k] ~= scales[t, k // 32] * q[t, k]; a block holding a NaN or an infinity has q = 0 and a NaN
+        scale, so its row's outputs are NaN.
     """
     rows, in_features = x.shape
     blocks = -(-in_features // BLOCK)
@@ -59,7 +60,9 @@ def quantize_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = grouped.abs().amax(dim=2)  # [rows, blocks]
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))  # [rows, blocks]
     q = torch.round(grouped * inv[:, :, None]).to(torch.int8).view(rows, blocks * BLOCK)
-    return q, amax / 127.0
+    finite = torch.isfinite(grouped).all(dim=2)  # [rows, blocks]
+    q = torch.where(finite.repeat_interleave(BLOCK, dim=1), q, torch.zeros_like(q))
+    return q, torch.where(finite, amax / 127.0, torch.full_like(amax, float("nan")))
 
 
 def linear_vnni(

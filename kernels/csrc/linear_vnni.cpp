@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "linear_panels.h"
@@ -130,8 +131,12 @@ void quantize_rows(const at::Tensor& x, int64_t blocks, std::vector<uint32_t>& q
         const __m512 v0 = _mm512_maskz_loadu_ps(low, row + first);
         const __m512 v1 = _mm512_maskz_loadu_ps(high, row + first + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        scales[r * blocks + b] = amax / 127.0f;
+        const bool finite = !_mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) && !_mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q) &&
+                            amax <= std::numeric_limits<float>::max();
+        const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+        // A NaN or infinite input makes the block's scale NaN, so the row's outputs are NaN, as the fp32
+        // panels' would not be finite either.
+        scales[r * blocks + b] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
         const __m512 m = _mm512_set1_ps(inv);
         const __m512i offset = _mm512_set1_epi32(kActivationOffset);
         const __m512i q0 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, m)), offset);  // nearest even

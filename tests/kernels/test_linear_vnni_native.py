@@ -80,6 +80,21 @@ def test_vnni_panels_match_float64_on_the_quantized_inputs(
 
 
 @needs_vnni
+def test_a_row_with_a_nan_or_an_infinity_gives_nans_and_leaves_the_others_alone(native, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 100, generator=gen)  # [rows, in]
+    x[1, 40], x[3, 99], x[4, 0] = float("nan"), float("inf"), float("-inf")
+    q, scales = quantize_int8(torch.randn(70, 100, generator=gen) / 10)  # [out, in]
+    packed, offsets = pack_linear_quads(q)
+    y = linear_vnni(x, packed, offsets, None, 70, scales)  # [6, out]
+    assert torch.isnan(y[[1, 3, 4]]).all(), f"seed={seed}"
+    finite = [0, 2, 5]
+    assert_scaled_close(y[finite], reference(x[finite], q, scales, None), seed)
+    xq, xs = quantize_blocks(x)
+    assert torch.isnan(xs[1, 1]) and not xq[1, 32:64].any() and not torch.isnan(xs[1, [0, 2, 3]]).any()
+
+
+@needs_vnni
 def test_a_rows_result_is_the_same_bits_in_any_batch(native, seed: int):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(300, 577, generator=gen)  # [300, in]: in_features off the block, passes of 128 and a partial one
