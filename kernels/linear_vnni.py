@@ -4,7 +4,7 @@ The dot-product format of int8 projection weights, beside the k-major panels of 
 (which widen the weights to fp32 and run fp32 FMAs, on every build). Each call quantizes its input rows to
 int8 per block of 32 k (one scale a row and block, as llama.cpp's 8-bit blocks do), and ``vpdpbusd`` adds
 four int8 products to an int32 sum in each of sixteen lanes: 64 multiply-adds an instruction against an
-FMA's 16, issued as fast as FMAs on the CPUs measured (docs/precision.md). A block's integer sum is exact;
+FMA's 16, issued as fast as FMAs on the Xeon measured in docs/precision.md. A block's integer sum is exact;
 the blocks' sums add up in fp32. The engine times it against the widened panels at load and keeps the
 faster (engine/bf16_gemm.py).
 

@@ -6,7 +6,7 @@
 // packed[p][kq][4c + j] = weight[p * kPanelWidth + c][4kq + j], zero past N and past K (K padded to whole
 // blocks of kBlock). Each 32-bit lane of a panel row holds one column's four weights, the operand layout of
 // vpdpbusd, which adds four u8 x s8 products to an int32 lane: 64 multiply-adds an instruction, four times
-// an fp32 FMA's sixteen, at the FMAs' issue rate on the CPUs measured (docs/precision.md).
+// an fp32 FMA's sixteen, at the FMAs' issue rate on the Xeon measured in docs/precision.md.
 //
 // The activations are quantized once per call, per row and block of kBlock k: s = max|x| / 127 and
 // q = round(x * (127 / max|x|)) in [-127, 127] (ties to even), stored as q + 128 (u8, vpdpbusd's unsigned
