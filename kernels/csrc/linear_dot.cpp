@@ -202,12 +202,8 @@ at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
 #if LORAPLEX_BF16_DOT
-  // The bias padded to whole panels, so every tile reads kPanelWidth values; without a bias, every panel
-  // reads the same zeros.
-  alignas(64) static const float kNoBias[kPanelWidth] = {};
-  const at::Tensor bias_panels = pad_to_panels(bias, panels, x);
-  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : kNoBias;
-  run_pair_panels(x, packed, b_ptr, bias.has_value() ? kPanelWidth : 0, y, out_features);
+  const PanelBias panel_biases = panel_bias(bias, panels, x);  // every tile reads kPanelWidth values
+  run_pair_panels(x, packed, panel_biases.values, panel_biases.step, y, out_features);
 #endif
   return y;
 }

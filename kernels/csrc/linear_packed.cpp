@@ -216,15 +216,13 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
                     "linear_packed: out_features ", out_features, " does not match ", panels, " panels");
   const bool int8 = packed.scalar_type() == at::kChar;
   check_bias_and_scales("linear_packed", bias, scales, int8, out_features);
-  // Bias and scales padded to whole panels, so every tile reads kPanelWidth values; without a bias, every
-  // panel reads the same zeros.
-  alignas(64) static const float kNoBias[kPanelWidth] = {};
-  const at::Tensor bias_panels = pad_to_panels(bias, panels, x);
+  // Bias and scales padded to whole panels, so every tile reads kPanelWidth values.
+  const PanelBias panel_biases = panel_bias(bias, panels, x);
   const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
-  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : kNoBias;
-  const int64_t b_step = bias.has_value() ? kPanelWidth : 0;
+  const float* b_ptr = panel_biases.values;
+  const int64_t b_step = panel_biases.step;
   const float* s_ptr = int8 ? scale_panels.data_ptr<float>() : nullptr;
   switch (packed.scalar_type()) {
     case at::kBFloat16:

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <xmmintrin.h>
 
 #include "vec_wide.h"
@@ -96,6 +97,22 @@ inline at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t
   at::Tensor padded = at::zeros({panels * kPanelWidth}, like.options());
   padded.narrow(0, 0, values->size(0)).copy_(*values);
   return padded;
+}
+
+// A call's bias as the tiles read it: padded to whole panels (a panel's bias `step` floats after the last),
+// or, without a bias, one panel of zeros that every panel reads (step 0). `padded` keeps the storage alive.
+struct PanelBias {
+  at::Tensor padded;
+  const float* values;
+  int64_t step;
+};
+
+inline PanelBias panel_bias(const std::optional<at::Tensor>& bias, int64_t panels, const at::Tensor& like) {
+  alignas(64) static const float kNoBias[kPanelWidth] = {};
+  if (!bias.has_value()) return {at::Tensor(), kNoBias, 0};
+  at::Tensor padded = pad_to_panels(bias, panels, like);
+  const float* values = padded.data_ptr<float>();
+  return {std::move(padded), values, kPanelWidth};
 }
 
 // The checks a call's bias and scales pass, whichever panels it runs on (`op` names it in the errors).

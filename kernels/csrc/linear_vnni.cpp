@@ -258,11 +258,9 @@ at::Tensor linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
 #if LORAPLEX_VNNI
-  alignas(64) static const float kNoBias[kPanelWidth] = {};
-  const at::Tensor bias_panels = pad_to_panels(bias, panels, x);
+  const PanelBias panel_biases = panel_bias(bias, panels, x);  // every tile reads kPanelWidth values
   const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
-  const float* b_ptr = bias.has_value() ? bias_panels.data_ptr<float>() : kNoBias;
-  run_quad_panels(x, packed, offsets, b_ptr, bias.has_value() ? kPanelWidth : 0, scale_panels.data_ptr<float>(), y,
+  run_quad_panels(x, packed, offsets, panel_biases.values, panel_biases.step, scale_panels.data_ptr<float>(), y,
                   out_features);
 #endif
   return y;
