@@ -3,15 +3,16 @@
 The native CPU kernels have two panel formats for each of bf16 and int8 weights: k-major panels widened
 to fp32 and run on fp32 FMAs (kernels/linear_packed.py, every build), and the format's dot product
 (AVX-512 builds on CPUs that have it): bf16 weights in k pairs on AVX512-BF16's ``vdpbf16ps`` with the
-activations rounded to bf16 (kernels/linear_dot.py), int8 weights in k quads on AVX512-VNNI's
-``vpdpbusd`` with the activations quantized to int8 per block of 32 (kernels/linear_vnni.py). ``vdpbf16ps``
-does twice an FMA's arithmetic per instruction and ``vpdpbusd`` four times, so which is faster depends on
-how fast the CPU issues them: ``vdpbf16ps`` is reported about as fast as FMAs on AMD Zen 4 and runs at a
-quarter of their rate on the Xeon measured in docs/precision.md, where ``vpdpbusd`` runs at their rate. A
-full decode batch's projections are bound by arithmetic, so the engine times both on the model's gate/up
-projection (its largest a layer) at its full batch (``max_num_seqs`` rows), in a few short alternated
-repeats, and runs every projection on the faster (``EngineConfig.bf16_gemm="auto"``); "widen" and "dot"
-pin one.
+activations rounded to bf16, or on AMX tiles where the CPU has AMX-BF16 (kernels/linear_dot.py); int8
+weights in k quads on AVX512-VNNI's ``vpdpbusd`` with the activations quantized to int8 per block of 32
+(kernels/linear_vnni.py). ``vdpbf16ps`` does twice an FMA's arithmetic per instruction and ``vpdpbusd``
+four times, so which is faster depends on how fast the CPU issues them: ``vdpbf16ps`` is reported about as
+fast as FMAs on AMD Zen 4 and runs at a quarter of their rate on the Xeons measured in docs/precision.md,
+where ``vpdpbusd`` runs at their rate and AMX tiles (on the Xeon that has them) do about four times the
+FMAs' products. A full decode batch's projections are bound by arithmetic, so the engine times both on the
+model's gate/up projection (its largest a layer) at its full batch (``max_num_seqs`` rows), in a few short
+alternated repeats, and runs every projection on the faster (``EngineConfig.bf16_gemm="auto"``); "widen"
+and "dot" pin one.
 """
 
 import logging
@@ -25,7 +26,7 @@ import torch
 from engine.errors import ConfigError
 from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, LinearWeight, linear
-from kernels.linear_dot import dot_available
+from kernels.linear_dot import amx_available, dot_available
 from kernels.linear_vnni import vnni_available
 from kernels.native_cpu import cpu_flags
 
@@ -42,8 +43,10 @@ MAX_ROUNDS = 9
 CALIBRATION_BUDGET_S = 0.3
 CALIBRATION_SEED = 0
 WIDENED = "weights widened to fp32, fp32 FMAs"
+BF16_DOT = "vdpbf16ps on projection inputs rounded to bf16"
+BF16_AMX = "AMX tiles (tdpbf16ps) on projection inputs rounded to bf16"
 HOW = {
-    "bfloat16": {WIDEN: WIDENED, DOT: "vdpbf16ps on projection inputs rounded to bf16"},
+    "bfloat16": {WIDEN: WIDENED, DOT: BF16_DOT},
     "int8": {WIDEN: WIDENED, DOT: "vpdpbusd on projection inputs quantized to int8 per block of 32"},
 }
 
@@ -65,7 +68,7 @@ def choose_gemm(widen_s: Sequence[float], dot_s: Sequence[float], rows: int, wei
     gemm = DOT if dot < widen else WIDEN
     return GemmChoice(
         gemm,
-        f"{_label(weight_format)} GEMM {gemm} ({HOW[weight_format][gemm]}): dot tile {dot * 1e3:.2f} ms vs "
+        f"{_label(weight_format)} GEMM {gemm} ({_how(weight_format, gemm)}): dot tile {dot * 1e3:.2f} ms vs "
         f"widened {widen * 1e3:.2f} ms at {rows} rows, measured at load",
     )
 
@@ -123,16 +126,25 @@ def resolve_bf16_gemm(
         )
     if backend is not KernelBackend.NATIVE or weight_format == "float32":
         return None
-    how, label = HOW[weight_format], _label(weight_format)
+    label = _label(weight_format)
     if setting != AUTO:
-        return GemmChoice(setting, f"{label} GEMM {setting} ({how[setting]}): bf16_gemm={setting} was asked for")
+        how = _how(weight_format, setting)
+        return GemmChoice(setting, f"{label} GEMM {setting} ({how}): bf16_gemm={setting} was asked for")
     if not dot_runs(weight_format):
-        return GemmChoice(WIDEN, f"{label} GEMM widen ({how[WIDEN]}): {_dot_unavailable_reason(backend, int8)}")
+        how = _how(weight_format, WIDEN)
+        return GemmChoice(WIDEN, f"{label} GEMM widen ({how}): {_dot_unavailable_reason(backend, int8)}")
     started = time.perf_counter()
     widen_s, dot_s = time_gemms(shape, rows, int8)
     choice = choose_gemm(widen_s, dot_s, rows, weight_format)
     logger.info("%s (%d samples each, %.2f s)", choice.reason, len(widen_s), time.perf_counter() - started)
     return choice
+
+
+def _how(weight_format: str, gemm: str) -> str:
+    """How ``gemm`` computes ``weight_format`` weights here (bf16's dot GEMM is AMX's where it runs)."""
+    if weight_format == "bfloat16" and gemm == DOT and amx_available():
+        return BF16_AMX
+    return HOW[weight_format][gemm]
 
 
 def _label(weight_format: str) -> str:
@@ -141,8 +153,8 @@ def _label(weight_format: str) -> str:
 
 def dot_runs(weight_format: str) -> bool:
     """Whether the native dot-product panels of ``weight_format`` weights run here (int8: AVX512-VNNI's;
-    bf16, and float32 whose setting is checked alike: AVX512-BF16's)."""
-    return vnni_available() if weight_format == "int8" else dot_available()
+    bf16, and float32 whose setting is checked alike: AVX512-BF16's or AMX's)."""
+    return vnni_available() if weight_format == "int8" else dot_available() or amx_available()
 
 
 def _dot_unavailable_reason(backend: KernelBackend, int8: bool) -> str:

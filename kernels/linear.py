@@ -9,6 +9,8 @@ The layouts, chosen once at load by :meth:`LinearWeight.prepare`:
 - NATIVE_DOT: bf16 weights in the native dot-product panels (kernels/linear_dot.py: k in pairs,
   activations rounded to bf16, AVX512-BF16's vdpbf16ps), where the engine measured them faster than the
   k-major panels (engine/bf16_gemm.py).
+- NATIVE_AMX: the same k-pair panels of bf16 weights multiplied by AMX tiles (kernels/linear_dot.py), which
+  take the place of the dot-product panels on CPUs with AMX-BF16.
 - NATIVE_VNNI: int8 weights in the native integer dot-product panels (kernels/linear_vnni.py: k in quads,
   activations quantized to int8 per row and block of 32, AVX512-VNNI's vpdpbusd), where the engine
   measured them faster than the k-major panels.
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import KernelBackend
-from kernels.linear_dot import linear_dot, pack_linear_pairs
+from kernels.linear_dot import amx_available, linear_amx, linear_dot, pack_linear_pairs
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from kernels.linear_vnni import linear_vnni, pack_linear_quads
 
@@ -47,6 +49,7 @@ class WeightLayout(enum.Enum):
     ONEDNN = "onednn"  # oneDNN's reordered weight, its packed linear
     NATIVE = "native"  # the native library's panels, kernels/linear_packed.py
     NATIVE_DOT = "native_dot"  # the native library's k-pair panels of bf16 weights, kernels/linear_dot.py
+    NATIVE_AMX = "native_amx"  # the same k-pair panels on AMX tiles, kernels/linear_dot.py
     NATIVE_VNNI = "native_vnni"  # the native library's k-quad panels of int8 weights, kernels/linear_vnni.py
     INT8 = "int8"  # [out_features, in_features] int8 and per-row scales, torch's weight-only int8 matmul
 
@@ -76,8 +79,8 @@ class LinearWeight:
         ``weight`` comes in the weight dtype the engine chose (fp32 or bf16); ``quantization="int8"``
         quantizes it per output row. On the NATIVE backend the activations are fp32 whatever the weights,
         so the bias is kept fp32 there, and ``bf16_gemm`` ("widen" or "dot") picks the panels of bf16 and
-        int8 weights ("dot" only where kernels.linear_dot.dot_available() for bf16,
-        kernels.linear_vnni.vnni_available() for int8).
+        int8 weights ("dot" only where kernels.linear_dot.dot_available() or amx_available() for bf16, AMX
+        tiles where they run; kernels.linear_vnni.vnni_available() for int8).
         """
         if bf16_gemm not in (WIDEN, DOT):
             raise ValueError(f"bf16_gemm must be {WIDEN!r} or {DOT!r}, got {bf16_gemm!r}")
@@ -95,7 +98,8 @@ class LinearWeight:
         if quantization is not None:
             raise ValueError(f"quantization must be None or 'int8', got {quantization!r}")
         if native and weight.dtype == torch.bfloat16 and dot:
-            return cls(pack_linear_pairs(weight), _fp32(bias), WeightLayout.NATIVE_DOT, out_features)
+            layout = WeightLayout.NATIVE_AMX if amx_available() else WeightLayout.NATIVE_DOT
+            return cls(pack_linear_pairs(weight), _fp32(bias), layout, out_features)
         if native and weight.dtype == torch.bfloat16:
             return cls(pack_linear_weight(weight), _fp32(bias), WeightLayout.NATIVE, out_features)
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
@@ -146,6 +150,8 @@ def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         return linear_packed(x, w.weight, w.bias, w.out_features, w.scales)
     if w.layout is WeightLayout.NATIVE_DOT:
         return linear_dot(x, w.weight, w.bias, w.out_features)
+    if w.layout is WeightLayout.NATIVE_AMX:
+        return linear_amx(x, w.weight, w.bias, w.out_features)
     if w.layout is WeightLayout.NATIVE_VNNI:
         return linear_vnni(x, w.weight, w.offsets, w.bias, w.out_features, w.scales)
     if w.layout is WeightLayout.ONEDNN:

@@ -1,4 +1,5 @@
-"""The native GEMM on AVX512-BF16's dot products: bf16 weights packed with k in pairs.
+"""The native GEMMs on bf16 dot products: bf16 weights packed with k in pairs, multiplied by AVX512-BF16's
+``vdpbf16ps`` or by AMX tiles.
 
 The second panel format for bf16 projection weights, beside the k-major panels of
 kernels/linear_packed.py (which widen the weights to fp32 and run fp32 FMAs, on every build). Here the
@@ -8,7 +9,10 @@ where the CPU issues it about as fast as its FMAs (AMD Zen 4), and the slower on
 Xeon measured in docs/precision.md). The engine times both at load and keeps the faster
 (engine/bf16_gemm.py).
 
-Only a library built with AVX-512 for a CPU with AVX512-BF16 has it (:func:`dot_available`). int8 weights
+Only a library built with AVX-512 for a CPU with AVX512-BF16 has it (:func:`dot_available`). On CPUs with
+AMX-BF16 (Intel Sapphire Rapids and later) :func:`linear_amx` multiplies the same panels on the tile unit,
+16 rows by 32 k by 16 columns an instruction: about four times the fp32 FMAs' products where measured
+(docs/precision.md), so there the engine's bf16 "dot" GEMM is AMX's (:func:`amx_available`). int8 weights
 have their own dot-product panels (kernels/linear_vnni.py).
 """
 
@@ -24,13 +28,20 @@ def dot_available() -> bool:
     return ops is not None and bool(ops.linear_dot_available())
 
 
+def amx_available() -> bool:
+    """Whether the native library runs AMX tiles on the pair panels here (built for a CPU with AMX-BF16, on
+    one that has it, and Linux granted the process the tile state)."""
+    ops = native_ops()
+    return ops is not None and bool(ops.linear_amx_available())
+
+
 def pack_linear_pairs(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [out_features, in_features] bfloat16 packed for :func:`linear_dot`.
 
     Returns:
-        [num_panels, ceil(in_features / 2), 2 * panel_width] in ``weight``'s dtype, with panel_width the
+        [num_panels, 16 * ceil(in_features / 32), 2 * panel_width] in ``weight``'s dtype, with panel_width the
         build's (kernels/linear_packed.py) and num_panels = ceil(out_features / panel_width); columns past
-        out_features and the k past in_features are zero.
+        out_features and the k past in_features are zero (the pairs run to whole AMX tiles of 16).
 
     Semantics:
         packed[p, k // 2, 2 * c + k % 2] = weight[p * panel_width + c, k]
@@ -63,3 +74,21 @@ def linear_dot(
         so a row's result does not depend on the other rows of the batch.
     """
     return require_native_ops().linear_dot(x, packed, bias, out_features)  # [num_rows, out_features]
+
+
+def linear_amx(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+) -> torch.Tensor:
+    """:func:`linear_dot`'s product on AMX tiles; ValueError where :func:`amx_available` is false.
+
+    Args and returns as :func:`linear_dot`'s.
+
+    Semantics:
+        y[t, o] = bias[o] + sum_{kp} (xb[t, 2kp] * w[o, 2kp] + xb[t, 2kp + 1] * w[o, 2kp + 1]) with xb as in
+        :func:`linear_dot`, the pairs summed in kp order in fp32 by the tile unit (which reads bf16
+        subnormals as zero), so a row's result does not depend on the other rows of the batch.
+    """
+    return require_native_ops().linear_amx(x, packed, bias, out_features)  # [num_rows, out_features]

@@ -3,7 +3,8 @@
 // linear_vnni.cpp's).
 //
 // The weight [N, K] is packed once into panels of kPanelWidth output columns with k in pairs:
-// packed[p][kp][2c + j] = weight[p * kPanelWidth + c][2kp + j], zero past N and past K. Each 32-bit lane of
+// packed[p][kp][2c + j] = weight[p * kPanelWidth + c][2kp + j], zero past N and past K (the pairs run to a
+// multiple of 16, whole AMX tiles: linear_amx.cpp reads the same panels). Each 32-bit lane of
 // a bf16 panel row holds one column's weights at k = 2kp and 2kp + 1, the operand layout of vdpbf16ps; the
 // activations are rounded to bf16 (ties to even) once per call, in the same pairs. One instruction then
 // does two k-steps for sixteen columns: acc += x[2kp] * w[2kp] + x[2kp + 1] * w[2kp + 1], the products
@@ -31,7 +32,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "bf16.h"
+#include "bf16_pairs.h"
 #include "linear_panels.h"
 #include "ops.h"
 #include "vec_wide.h"
@@ -62,9 +63,6 @@ void pack_pairs(const c10::BFloat16* src, c10::BFloat16* dst, int64_t out_featur
 }
 
 #if LORAPLEX_BF16_DOT
-
-// A panel row is kPanelWidth 32-bit lanes, each one column's bf16 pair.
-using Bf16Pair = uint32_t;
 
 struct PairPanel {
   const Bf16Pair* weights;   // [pairs, kPanelWidth]
@@ -118,27 +116,11 @@ void dot_panel_rows(const Bf16Pair* x, int64_t x_stride, int64_t rows, const Pai
   }
 }
 
-// x [rows, K] fp32 rounded to bf16 (ties to even, torch's bits), zero past K: `pairs` 32-bit pairs a row.
-std::vector<Bf16Pair> round_to_pairs(const at::Tensor& x, int64_t pairs) {
-  const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0);
-  std::vector<Bf16Pair> out(static_cast<size_t>(rows * pairs));
-  const float* src = x.data_ptr<float>();
-  at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(out.data() + r * pairs);  // little-endian: 2kp is the low half
-      const float* row = src + r * stride;
-#pragma omp simd
-      for (int64_t k = 0; k < in_features; ++k) dst[k] = round_bf16_bits(row[k]);
-      if (in_features % 2 != 0) dst[in_features] = 0;
-    }
-  });
-  return out;
-}
-
 void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
                      at::Tensor& y, int64_t out_features) {
   const int64_t rows = x.size(0), panels = packed.size(0), pairs = packed.size(1);
-  const std::vector<Bf16Pair> x_pairs = round_to_pairs(x, pairs);  // [rows, pairs]
+  const at::Tensor x_rounded = round_to_pairs(x, pairs, rows);  // [rows, pairs]
+  const Bf16Pair* x_pairs = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
   float* y_ptr = y.data_ptr<float>();
   const int64_t panel_lanes = pairs * kPanelWidth;
@@ -149,7 +131,7 @@ void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float*
         const PairPanel panel{w_ptr + p * panel_lanes, bias + p * bias_step,
                               p + 1 < end ? w_ptr + (p + 1) * panel_lanes : nullptr, pairs,
                               std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-        dot_panel_rows(x_pairs.data() + first * pairs, pairs, pass_rows, panel,
+        dot_panel_rows(x_pairs + first * pairs, pairs, pass_rows, panel,
                        y_ptr + first * out_features + p * kPanelWidth, out_features);
       }
     });
@@ -174,7 +156,7 @@ at::Tensor pack_linear_pairs(const at::Tensor& weight) {
                     "pack_linear_pairs: weight must be a bfloat16 CPU tensor [out_features, in_features]");
   const at::Tensor w = weight.contiguous();
   const int64_t out_features = w.size(0), in_features = w.size(1);
-  const int64_t panels = (out_features + kPanelWidth - 1) / kPanelWidth, pairs = (in_features + 1) / 2;
+  const int64_t panels = (out_features + kPanelWidth - 1) / kPanelWidth, pairs = packed_pairs(in_features);
   at::Tensor packed = at::zeros({panels, pairs, kPairRowValues}, w.options());  // zero past N and K
   pack_pairs(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), out_features, in_features, panels,
              pairs);
@@ -187,22 +169,11 @@ at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::
                     "linear_dot: the native kernels have no AVX512-BF16 dot products here (the CPU lacks "
                     "avx512_bf16, or the library is built for another target); use the k-major panels of "
                     "pack_linear_weight");
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
-                    "linear_dot: x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
-  TORCH_CHECK_VALUE(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
-                        packed.size(2) == kPairRowValues,
-                    "linear_dot: packed must come from pack_linear_pairs of this build (panels of ", kPanelWidth,
-                    " columns in k pairs), got ", packed.sizes());
-  const int64_t rows = x.size(0), in_features = x.size(1), panels = packed.size(0);
-  TORCH_CHECK_VALUE(packed.size(1) == (in_features + 1) / 2, "linear_dot: x has ", in_features,
-                    " features, the weight takes ", 2 * packed.size(1) - 1, " or ", 2 * packed.size(1));
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth,
-                    "linear_dot: out_features ", out_features, " does not match ", panels, " panels");
-  check_bias_and_scales("linear_dot", bias, std::nullopt, false, out_features);
-  at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
-  if (rows == 0) return y;
+  check_pair_panels("linear_dot", x, packed, bias, out_features);
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
+  if (x.size(0) == 0) return y;
 #if LORAPLEX_BF16_DOT
-  const PanelBias panel_biases = panel_bias(bias, panels, x);  // every tile reads kPanelWidth values
+  const PanelBias panel_biases = panel_bias(bias, packed.size(0), x);  // every tile reads kPanelWidth values
   run_pair_panels(x, packed, panel_biases.values, panel_biases.step, y, out_features);
 #endif
   return y;

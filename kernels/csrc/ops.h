@@ -56,6 +56,13 @@ at::Tensor pack_linear_pairs(const at::Tensor& weight);
 at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features);
 
+// Whether this build runs AMX tiles on the pair panels here (linear_amx.cpp; kernels/linear_dot.py).
+bool linear_amx_available();
+
+// bf16(x) @ weight^T + bias on a weight from pack_linear_pairs, on AMX tiles (kernels/linear_dot.py).
+at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features);
+
 // Whether this build runs the AVX512-VNNI int8 panels here (linear_vnni.cpp; kernels/linear_vnni.py).
 bool linear_vnni_available();
 

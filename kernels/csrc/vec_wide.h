@@ -32,6 +32,7 @@ inline FW loadw(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void storew(float* p, FW a) { _mm512_storeu_ps(p, a.v); }
 inline FW splatw(float x) { return {_mm512_set1_ps(x)}; }
 inline FW zerow() { return {_mm512_setzero_ps()}; }
+inline FW addw(FW a, FW b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline FW mulw(FW a, FW b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline FW fmaw(FW a, FW b, FW c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c
 inline F8 fold8(FW a) {  // low eight lanes + high eight lanes (AVX512F alone: the upper half as 4 doubles)
@@ -49,6 +50,7 @@ inline FW loadw(const float* p) { return load8(p); }
 inline void storew(float* p, FW a) { store8(p, a); }
 inline FW splatw(float x) { return splat8(x); }
 inline FW zerow() { return zero8(); }
+inline FW addw(FW a, FW b) { return add8(a, b); }
 inline FW mulw(FW a, FW b) { return mul8(a, b); }
 inline FW fmaw(FW a, FW b, FW c) { return fma8(a, b, c); }
 inline F8 fold8(FW a) { return a; }

@@ -17,7 +17,7 @@ from engine.errors import ConfigError
 from kernels import native_cpu
 from kernels.backend import KernelBackend
 from kernels.linear import DOT, WIDEN, WeightLayout
-from kernels.linear_dot import dot_available
+from kernels.linear_dot import amx_available, dot_available
 from kernels.linear_vnni import vnni_available
 from tests.engine.conftest import make_engine
 
@@ -28,13 +28,22 @@ GREEDY_TOKENS = 16
 
 
 def skip_unless_dot_runs(weight_format: str) -> None:
-    """Skip where ``weight_format``'s dot-product panels cannot run (bf16: avx512_bf16; int8: avx512_vnni)."""
-    runs = vnni_available() if weight_format == "int8" else dot_available()
+    """Skip where ``weight_format``'s dot-product panels cannot run (bf16: avx512_bf16 or amx_bf16; int8:
+    avx512_vnni)."""
+    runs = vnni_available() if weight_format == "int8" else dot_available() or amx_available()
     if native_cpu.native_ops() is None or not runs:
         pytest.skip(f"the {weight_format} dot-product panels need the native kernels built for a CPU that has them")
 
 
-def test_the_chooser_keeps_the_lower_median_and_says_by_how_much() -> None:
+def dot_layout(weight_format: str) -> WeightLayout:
+    """The layout of ``weight_format`` weights on their dot GEMM here (bf16: AMX tiles where they run)."""
+    if weight_format == "int8":
+        return WeightLayout.NATIVE_VNNI
+    return WeightLayout.NATIVE_AMX if amx_available() else WeightLayout.NATIVE_DOT
+
+
+def test_the_chooser_keeps_the_lower_median_and_says_by_how_much(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bf16_gemm_module, "amx_available", lambda: False)
     choice = choose_gemm([0.0201, 0.0199, 0.0500], [0.0123, 0.0124, 0.0119], 64, "bfloat16")  # a slow sample
     assert choice.gemm == DOT
     assert choice.reason == (
@@ -47,6 +56,11 @@ def test_the_chooser_keeps_the_lower_median_and_says_by_how_much() -> None:
         "int8 GEMM dot (vpdpbusd on projection inputs quantized to int8 per block of 32): dot tile 5.80 ms vs "
         "widened 11.50 ms at 64 rows, measured at load"
     )
+    monkeypatch.setattr(bf16_gemm_module, "amx_available", lambda: True)  # bf16's dot GEMM is then AMX's
+    assert choose_gemm([0.0201], [0.0050], 64, "bfloat16").reason.startswith(
+        "bf16 GEMM dot (AMX tiles (tdpbf16ps) on projection inputs rounded to bf16): dot tile 5.00 ms"
+    )
+    assert choose_gemm([0.0115], [0.0058], 64, "int8").reason.startswith("int8 GEMM dot (vpdpbusd on")
 
 
 def test_the_setting_is_read_and_checked() -> None:
@@ -69,6 +83,7 @@ def test_no_choice_for_float32_weights_the_torch_kernels_or_cuda() -> None:
 
 def test_dot_is_refused_on_a_cpu_without_its_dot_products(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bf16_gemm_module, "dot_available", lambda: False)
+    monkeypatch.setattr(bf16_gemm_module, "amx_available", lambda: False)
     monkeypatch.setattr(bf16_gemm_module, "vnni_available", lambda: False)
     monkeypatch.setattr(bf16_gemm_module, "cpu_flags", lambda: "avx2 fma avx512f")
     with pytest.raises(ConfigError, match=r"this CPU has no AVX512-BF16 dot products .* use 'auto' or 'widen'"):
@@ -102,20 +117,15 @@ def test_an_engine_reports_its_measured_choice(tiny_llama: Path) -> None:
     assert stats.bf16_gemm in (WIDEN, DOT)
     assert f"bf16 GEMM {stats.bf16_gemm} (" in stats.precision_reason and "): dot tile " in stats.precision_reason
     assert "at 16 rows, measured at load" in stats.precision_reason
-    layout = WeightLayout.NATIVE_DOT if stats.bf16_gemm == DOT else WeightLayout.NATIVE
+    layout = dot_layout("bfloat16") if stats.bf16_gemm == DOT else WeightLayout.NATIVE
     assert engine.model.weights.layers[0].gate_up.layout is layout
     fp32 = make_engine(tiny_llama, kernels="native", dtype="float32", bf16_gemm="auto")
     assert fp32.stats().bf16_gemm == "" and "GEMM" not in fp32.stats().precision_reason
 
 
 @pytest.mark.default_model
-@pytest.mark.parametrize(
-    ("quantization", "label", "dot_layout"),
-    [(None, "bf16", WeightLayout.NATIVE_DOT), ("int8", "int8", WeightLayout.NATIVE_VNNI)],
-)
-def test_forcing_dot_decodes_as_the_widened_engine(
-    quantization: str | None, label: str, dot_layout: WeightLayout
-) -> None:
+@pytest.mark.parametrize(("quantization", "label"), [(None, "bf16"), ("int8", "int8")])
+def test_forcing_dot_decodes_as_the_widened_engine(quantization: str | None, label: str) -> None:
     """The dot panels round (bf16) or quantize per block of 32 (int8) each projection's input too, so a long
     greedy continuation may part at a near tie (bench_quality measures how often); two short ones with clear
     leaders agree token for token."""
@@ -132,7 +142,7 @@ def test_forcing_dot_decodes_as_the_widened_engine(
         stats = engine.stats()
         assert stats.bf16_gemm == gemm and f"{label} GEMM {gemm} (" in stats.precision_reason
         assert f"bf16_gemm={gemm} was asked for" in stats.precision_reason
-        layout = dot_layout if gemm == DOT else WeightLayout.NATIVE
+        layout = dot_layout(quantization or "bfloat16") if gemm == DOT else WeightLayout.NATIVE
         assert engine.model.weights.layers[0].qkv.layout is layout
         outputs = engine.generate([engine.tokenizer.encode(prompt) for prompt in prompts], params)
         tokens[gemm] = [output.token_ids for output in outputs]

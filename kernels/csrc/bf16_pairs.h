@@ -1,0 +1,64 @@
+// The bf16 pair panels' shared pieces (linear_dot.cpp on vdpbf16ps, linear_amx.cpp on AMX tiles): a panel row
+// is kPanelWidth 32-bit lanes, each one column's weights at k = 2kp and 2kp + 1, and the activations are
+// rounded to bf16 in the same pairs once per call.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "bf16.h"
+#include "linear_panels.h"
+
+namespace loraplex {
+
+// Two bf16 values, k = 2kp in the low half (little-endian) and 2kp + 1 in the high half.
+using Bf16Pair = uint32_t;
+
+// K pairs a panel holds for in_features: whole AMX weight tiles (16 pairs, 32 k), zero past in_features.
+constexpr int64_t kPairsMultiple = 16;
+inline int64_t packed_pairs(int64_t in_features) {
+  return (in_features + 2 * kPairsMultiple - 1) / (2 * kPairsMultiple) * kPairsMultiple;
+}
+
+// The checks of a call on pair panels (`op` names it in the errors).
+inline void check_pair_panels(const char* op, const at::Tensor& x, const at::Tensor& packed,
+                              const std::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1, op,
+                    ": x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
+  TORCH_CHECK_VALUE(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                        packed.size(2) == 2 * kPanelWidth,
+                    op, ": packed must come from pack_linear_pairs of this build (panels of ", kPanelWidth,
+                    " columns in k pairs), got ", packed.sizes());
+  TORCH_CHECK_VALUE(packed.size(1) == packed_pairs(x.size(1)), op, ": x has ", x.size(1),
+                    " features, the weight takes ", 2 * packed.size(1) - 2 * kPairsMultiple + 1, " to ",
+                    2 * packed.size(1));
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth, op,
+                    ": out_features ", out_features, " does not match ", panels, " panels");
+  check_bias_and_scales(op, bias, std::nullopt, false, out_features);
+}
+
+// x [rows, K] fp32 rounded to bf16 (ties to even, torch's bits) as `pairs` pairs a row, zero past K, and
+// zero rows from `rows` to `padded_rows` (a whole number of AMX tiles): [padded_rows, pairs] int32, rows
+// aligned to cache lines as torch allocates them (a tile row then spans as few lines as it can).
+inline at::Tensor round_to_pairs(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
+  const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0);
+  at::Tensor out = at::zeros({padded_rows, pairs}, x.options().dtype(at::kInt));
+  Bf16Pair* pairs_ptr = reinterpret_cast<Bf16Pair*>(out.data_ptr());
+  const float* src = x.data_ptr<float>();
+  at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(pairs_ptr + r * pairs);
+      const float* row = src + r * stride;
+#pragma omp simd
+      for (int64_t k = 0; k < in_features; ++k) dst[k] = round_bf16_bits(row[k]);
+    }
+  });
+  return out;
+}
+
+}  // namespace loraplex

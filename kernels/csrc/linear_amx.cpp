@@ -1,0 +1,239 @@
+// Dense projections on bf16 weights with AMX tiles (semantics: kernels/linear_dot.py's linear_amx): the same
+// pair panels as linear_dot.cpp's vdpbf16ps tiles, multiplied by the tile unit of CPUs with AMX-BF16 (Intel
+// Sapphire Rapids and later).
+//
+// A pair panel row (one kp, kPanelWidth columns' pairs: 4 * kPanelWidth bytes) is exactly what a row of an
+// AMX weight tile holds for 16 columns, so a 16-column block of 16 k pairs is a tile load from the panel with
+// the panel row as its stride: no second packing. One tdpbf16ps then multiplies 16 activation rows by 32 k
+// steps of 16 columns (8,192 products, fp32 sums); the sums of a 16-row block of a panel are three tiles, and
+// the k-steps run in order. On the 2-core Xeon this does about four times the bf16 products the FMAs do in
+// fp32 (figures: docs/precision.md).
+//
+// The activations are rounded to bf16 once per call into rows padded to whole tiles (16 rows) with zeros, so
+// a row is computed the same way, in the same order, alone or in any batch: its result is the same bits.
+// Tiles hold 16 rows, so a decode step of fewer rows computes zero rows too; its time is the weights'
+// streaming anyway.
+//
+// Only a build for a CPU with AMX-BF16 (-march of such a CPU) compiles the tiles, and they run only once
+// Linux has granted the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM); elsewhere
+// linear_amx_available() is false and the engine keeps the other panels.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "bf16_pairs.h"
+#include "linear_panels.h"
+#include "ops.h"
+#include "vec_wide.h"
+
+#if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define LORAPLEX_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define LORAPLEX_AMX 0
+#endif
+
+namespace loraplex {
+namespace {
+
+#if LORAPLEX_AMX
+
+constexpr int kTileRows16 = 16;   // rows of a tile: activation rows, or k pairs of a weight tile
+constexpr int kTileBytes = 64;    // bytes of a tile row: 16 pairs, or 16 fp32 sums
+constexpr int kBlockColumns = 16; // output columns of a weight or sum tile: a column block
+constexpr int kPanelBlocks = kPanelWidth / kBlockColumns;
+static_assert(kPanelWidth % kBlockColumns == 0, "a pair panel is whole column blocks");
+constexpr int64_t kPanelRowBytes = kPanelWidth * static_cast<int64_t>(sizeof(Bf16Pair));
+constexpr int kUnitSide = 2;  // a unit of work: up to 2 row blocks x 2 column blocks
+constexpr int kUnitRows = kUnitSide * kTileRows16, kUnitColumns = kUnitSide * kBlockColumns;
+
+// The tile registers (the intrinsics paste their numbers into the instruction, so the code spells them):
+// tmm0-3 the sums of (row block, column block) (0, 0), (0, 1), (1, 0), (1, 1); tmm4-5 the two row blocks'
+// activations of a k-step; tmm6-7 the two column blocks' weights. Each weight tile then serves two
+// multiplies and each activation tile two: one tile load a multiply, half of them from L1.
+constexpr int kTilesUsed = 8;
+
+// The layout _tile_loadconfig reads (palette 1): each register's rows and bytes a row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig full_tiles() {
+  TileConfig config;
+  for (int t = 0; t < kTilesUsed; ++t) {
+    config.rows[t] = kTileRows16;
+    config.bytes_per_row[t] = kTileBytes;
+  }
+  return config;
+}
+
+bool amx_bf16_granted() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;  // CPUID.(7, 0):EDX
+  if ((edx & kAmxBf16) == 0 || (edx & kAmxTile) == 0) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h, the tile data's bit
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// Walks the next unit's weight tile rows (one cache line a k pair and column block) into L2, spread evenly
+// over this unit's k-steps of all its row blocks: the weights stream from memory under the multiplies.
+class UnitPrefetch {
+ public:
+  UnitPrefetch(const Bf16Pair* const (&blocks)[kUnitSide], int count, int64_t pairs, int64_t steps)
+      : blocks_{blocks[0], blocks[1]}, count_(count), lines_(count * pairs), steps_(std::max<int64_t>(steps, 1)) {}
+
+  void step() {
+    const int64_t target = ++done_ * lines_ / steps_;
+    for (; issued_ < target; ++issued_) {
+      _mm_prefetch(reinterpret_cast<const char*>(blocks_[issued_ % count_] + (issued_ / count_) * kPanelWidth),
+                   _MM_HINT_T1);
+    }
+  }
+
+ private:
+  const Bf16Pair* blocks_[kUnitSide];
+  int count_;
+  int64_t lines_, steps_, done_ = 0, issued_ = 0;
+};
+
+// sums[RB * 16, CB * 16] (rows kUnitColumns floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
+// blocks at `blocks`, on the loaded tile config; x rows `x_stride` bytes apart, pairs a multiple of 16.
+template <int RB, int CB>
+void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
+               float* sums, UnitPrefetch& next) {
+  const Bf16Pair* x1 = x + kTileRows16 * (x_stride / static_cast<int64_t>(sizeof(Bf16Pair)));
+  _tile_zero(0);
+  if constexpr (CB == 2) _tile_zero(1);
+  if constexpr (RB == 2) _tile_zero(2);
+  if constexpr (RB == 2 && CB == 2) _tile_zero(3);
+  for (int64_t kp = 0; kp < pairs; kp += kTileRows16) {
+    _tile_loadd(6, blocks[0] + kp * kPanelWidth, kPanelRowBytes);
+    if constexpr (CB == 2) _tile_loadd(7, blocks[1] + kp * kPanelWidth, kPanelRowBytes);
+    _tile_loadd(4, x + kp, x_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (CB == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RB == 2) {
+      _tile_loadd(5, x1 + kp, x_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (CB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+    next.step();
+  }
+  constexpr int64_t kSumsStride = kUnitColumns * sizeof(float);
+  constexpr int kSecondRows = kTileRows16 * kUnitColumns;
+  _tile_stored(0, sums, kSumsStride);
+  if constexpr (CB == 2) _tile_stored(1, sums + kBlockColumns, kSumsStride);
+  if constexpr (RB == 2) _tile_stored(2, sums + kSecondRows, kSumsStride);
+  if constexpr (RB == 2 && CB == 2) _tile_stored(3, sums + kSecondRows + kBlockColumns, kSumsStride);
+}
+
+void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_stride,
+               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* sums, UnitPrefetch& next) {
+  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, sums, next);
+  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, sums, next);
+  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, sums, next);
+  unit_sums<1, 1>(x, x_stride, blocks, pairs, sums, next);
+}
+
+// y[0:rows, 0:columns] = sums + bias (sums rows kUnitColumns floats apart, y rows `y_stride`).
+void write_rows(const float* sums, const float* bias, int64_t rows, int64_t columns, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = sums + r * kUnitColumns;
+    float* out = y + r * y_stride;
+    int64_t c = 0;
+    for (; c + kWideLanes <= columns; c += kWideLanes) storew(out + c, addw(loadw(row + c), loadw(bias + c)));
+    for (; c < columns; ++c) out[c] = row[c] + bias[c];
+  }
+}
+
+void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
+                    at::Tensor& y, int64_t out_features) {
+  const int64_t rows = x.size(0), pairs = packed.size(1);
+  const int64_t padded_rows = (rows + kTileRows16 - 1) / kTileRows16 * kTileRows16;
+  const at::Tensor x_rounded = round_to_pairs(x, pairs, padded_rows);  // [padded_rows, pairs]
+  const Bf16Pair* x_pairs = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
+  const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
+  float* y_ptr = y.data_ptr<float>();
+  const int64_t x_stride = pairs * static_cast<int64_t>(sizeof(Bf16Pair));
+  const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
+  const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
+  // Column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it; its bias likewise.
+  auto block_weights = [&](int64_t b) {
+    return w_ptr + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
+  };
+  auto block_bias = [&](int64_t b) { return bias + (b / kPanelBlocks) * bias_step + (b % kPanelBlocks) * kBlockColumns; };
+  const TileConfig config = full_tiles();
+  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
+    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
+    at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+      _tile_loadconfig(&config);  // the tile state is a thread's own
+      alignas(64) float sums[kUnitRows * kUnitColumns];
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t b0 = u * kUnitSide;
+        const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
+        const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0), col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
+        const int64_t b1 = b0 + kUnitSide;  // the next unit's first block
+        const int next_blocks = u + 1 < end ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
+        const Bf16Pair* const next_weights[kUnitSide] = {next_blocks > 0 ? block_weights(b1) : nullptr,
+                                                         next_blocks > 1 ? block_weights(b1 + 1) : nullptr};
+        UnitPrefetch next(next_weights, std::max(next_blocks, 1), next_blocks > 0 ? pairs : 0,
+                          (pass_rows + kUnitRows - 1) / kUnitRows * (pairs / kTileRows16));
+        for (int64_t m = 0; m < pass_rows; m += kUnitRows) {
+          const int64_t unit_rows = std::min<int64_t>(kUnitRows, pass_rows - m);
+          const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
+          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs, sums, next);
+          for (int c = 0; c < col_blocks; ++c) {
+            const int64_t b = b0 + c;
+            write_rows(sums + c * kBlockColumns, block_bias(b), unit_rows,
+                       std::min<int64_t>(kBlockColumns, out_features - b * kBlockColumns),
+                       y_ptr + (first + m) * out_features + b * kBlockColumns, out_features);
+          }
+        }
+      }
+      _tile_release();  // a switched-out thread then saves no tile state
+    });
+  }
+}
+
+#endif  // LORAPLEX_AMX
+
+}  // namespace
+
+bool linear_amx_available() {
+#if LORAPLEX_AMX
+  static const bool available = amx_bf16_granted();
+  return available;
+#else
+  return false;
+#endif
+}
+
+at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                      int64_t out_features) {
+  TORCH_CHECK_VALUE(linear_amx_available(),
+                    "linear_amx: the native kernels have no AMX tiles here (the CPU lacks amx_bf16, Linux "
+                    "refused the tile state, or the library is built for another target); use linear_dot or "
+                    "the k-major panels of pack_linear_weight");
+  check_pair_panels("linear_amx", x, packed, bias, out_features);
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
+  if (x.size(0) == 0) return y;
+#if LORAPLEX_AMX
+  const PanelBias panel_biases = panel_bias(bias, packed.size(0), x);  // a block reads kPanelWidth values
+  run_amx_panels(x, packed, panel_biases.values, panel_biases.step, y, out_features);
+#endif
+  return y;
+}
+
+}  // namespace loraplex
