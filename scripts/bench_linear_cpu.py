@@ -1,5 +1,6 @@
 """The native GEMMs of bf16 and int8 weights side by side: k-major panels widened to fp32 against the
-dot-product panels (bf16: AVX512-BF16's; int8: AVX512-VNNI's), on the model's projection shapes.
+dot-product panels (bf16: AVX512-BF16's, and AMX tiles on the same panels; int8: AVX512-VNNI's), on the
+model's projection shapes. A format whose instructions this CPU (or build) lacks is left out.
 
 One pass is every projection of ``--layers`` layers of the model (q/k/v, o, gate/up, down: the default
 model's 960x576, 576x576, 3072x576, 576x1536) on ``rows`` rows, with random weights of those shapes in each
@@ -18,6 +19,7 @@ quiet and noisy passes alternated, and reports ``..._noisy_ms`` and ``..._noise_
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import statistics
@@ -31,18 +33,19 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
 from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, linear
-from kernels.linear_dot import dot_available
+from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
+from kernels.linear_dot import amx_available, dot_available
 from kernels.linear_vnni import vnni_available
 
 logger = logging.getLogger("bench_linear_cpu")
 
-FORMATS = {  # name: (weight dtype, quantization, GEMM)
-    "fp32": (torch.float32, None, WIDEN),
-    "bf16_widen": (torch.bfloat16, None, WIDEN),
-    "bf16_dot": (torch.bfloat16, None, DOT),
-    "int8_widen": (torch.bfloat16, "int8", WIDEN),
-    "int8_dot": (torch.bfloat16, "int8", DOT),
+FORMATS = {  # name: (weight dtype, quantization, GEMM, layout: the bf16 pair panels' GEMM named, else None)
+    "fp32": (torch.float32, None, WIDEN, None),
+    "bf16_widen": (torch.bfloat16, None, WIDEN, None),
+    "bf16_dot": (torch.bfloat16, None, DOT, WeightLayout.NATIVE_DOT),  # vdpbf16ps
+    "bf16_amx": (torch.bfloat16, None, DOT, WeightLayout.NATIVE_AMX),
+    "int8_widen": (torch.bfloat16, "int8", WIDEN, None),
+    "int8_dot": (torch.bfloat16, "int8", DOT, None),
 }
 
 
@@ -59,13 +62,15 @@ def projection_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:
 
 def prepare(name: str, shapes: list[tuple[int, int]], num_layers: int, seed: int) -> list[tuple[int, LinearWeight]]:
     """Every projection of ``num_layers`` layers in format ``name``, with its in_features."""
-    dtype, quantization, gemm = FORMATS[name]
+    dtype, quantization, gemm, layout = FORMATS[name]
     gen = torch.Generator().manual_seed(seed)
     weights = []
     for _ in range(num_layers):
         for out_features, in_features in shapes:
             weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
             prepared = LinearWeight.prepare(weight.to(dtype), None, KernelBackend.NATIVE, quantization, gemm)
+            if layout is not None:  # the same pair panels on the GEMM named, whichever the engine would pick
+                prepared = dataclasses.replace(prepared, layout=layout)
             weights.append((in_features, prepared))
     return weights
 
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
     settings = Settings.from_env()
     cfg = ModelConfig.from_folder(args.model or resolve_model(settings.model, settings.home))
     shapes = projection_shapes(cfg)
-    runs = {"bf16_dot": dot_available(), "int8_dot": vnni_available()}
+    runs = {"bf16_dot": dot_available(), "bf16_amx": amx_available(), "int8_dot": vnni_available()}
     names = [name for name in args.formats if runs.get(name, True)]
     formats = {name: prepare(name, shapes, args.layers, args.seed) for name in names}
     result: dict = {"layers": args.layers, "rounds": args.rounds, "shapes": shapes, "formats": names}

@@ -184,8 +184,10 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
         const int64_t b0 = u * kUnitSide;
         const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
         const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0), col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
-        const int64_t b1 = b0 + kUnitSide;  // the next unit's first block
-        const int next_blocks = u + 1 < end ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
+        // The next unit's first block. A pass of one row block (decode steps of a few sequences) is bound
+        // by streaming the weights, and there the hardware's prefetch alone measured faster (1 row: 10-15 %).
+        const int64_t b1 = b0 + kUnitSide;
+        const int next_blocks = u + 1 < end && pass_rows > kTileRows16 ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
         const Bf16Pair* const next_weights[kUnitSide] = {next_blocks > 0 ? block_weights(b1) : nullptr,
                                                          next_blocks > 1 ? block_weights(b1 + 1) : nullptr};
         UnitPrefetch next(next_weights, std::max(next_blocks, 1), next_blocks > 0 ? pairs : 0,
