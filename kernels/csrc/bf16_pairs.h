@@ -5,8 +5,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -42,22 +43,42 @@ inline void check_pair_panels(const char* op, const at::Tensor& x, const at::Ten
   check_bias_and_scales(op, bias, std::nullopt, false, out_features);
 }
 
-// x [rows, K] fp32 rounded to bf16 (ties to even, torch's bits) as `pairs` pairs a row, zero past K, and
+// dst[0:n] = src[0:n] rounded to bf16, ties to even. With AVX512-BF16, its conversion: 32 values an
+// instruction, fp32 subnormals (below 1.2e-38) read as zero as the dot products read bf16 ones, NaN kept NaN;
+// else round_bf16_bits, torch's bits.
+inline void round_row(const float* src, uint16_t* dst, int64_t n) {
+#if LORAPLEX_AVX512 && defined(__AVX512BF16__)
+  constexpr int64_t kStep = 2 * kWideLanes;
+  for (int64_t k = 0; k < n; k += kStep) {
+    const int64_t left = std::min(kStep, n - k);
+    const __mmask16 low = left >= kWideLanes ? 0xffff : (1u << left) - 1;
+    const __mmask16 high = left > kWideLanes ? (1u << (left - kWideLanes)) - 1 : 0;
+    const __m512bh pairs = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, src + k + kWideLanes),
+                                               _mm512_maskz_loadu_ps(low, src + k));
+    _mm512_mask_storeu_epi16(dst + k, static_cast<__mmask32>((uint64_t{1} << left) - 1), (__m512i)pairs);
+  }
+#else
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) dst[k] = round_bf16_bits(src[k]);
+#endif
+}
+
+// x [rows, K] fp32 rounded to bf16 (round_row) as `pairs` pairs a row, zero past K, and
 // zero rows from `rows` to `padded_rows` (a whole number of AMX tiles): [padded_rows, pairs] int32, rows
 // aligned to cache lines as torch allocates them (a tile row then spans as few lines as it can).
 inline at::Tensor round_to_pairs(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
   const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0);
-  at::Tensor out = at::zeros({padded_rows, pairs}, x.options().dtype(at::kInt));
-  Bf16Pair* pairs_ptr = reinterpret_cast<Bf16Pair*>(out.data_ptr());
+  at::Tensor out = at::empty({padded_rows, pairs}, x.options().dtype(at::kInt));
+  uint16_t* values = reinterpret_cast<uint16_t*>(out.data_ptr());  // [padded_rows, 2 * pairs] bf16 bits
   const float* src = x.data_ptr<float>();
   at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      uint16_t* dst = reinterpret_cast<uint16_t*>(pairs_ptr + r * pairs);
-      const float* row = src + r * stride;
-#pragma omp simd
-      for (int64_t k = 0; k < in_features; ++k) dst[k] = round_bf16_bits(row[k]);
+      uint16_t* dst = values + r * 2 * pairs;
+      round_row(src + r * stride, dst, in_features);
+      std::fill(dst + in_features, dst + 2 * pairs, uint16_t{0});
     }
   });
+  std::fill(values + rows * 2 * pairs, values + padded_rows * 2 * pairs, uint16_t{0});
   return out;
 }
 
