@@ -5,9 +5,9 @@
 // A pair panel row (one kp, kPanelWidth columns' pairs: 4 * kPanelWidth bytes) is exactly what a row of an
 // AMX weight tile holds for 16 columns, so a 16-column block of 16 k pairs is a tile load from the panel with
 // the panel row as its stride: no second packing. One tdpbf16ps then multiplies 16 activation rows by 32 k
-// steps of 16 columns (8,192 products, fp32 sums); the sums of a 16-row block of a panel are three tiles, and
-// the k-steps run in order. On the 2-core Xeon this does about four times the bf16 products the FMAs do in
-// fp32 (figures: docs/precision.md).
+// steps of 16 columns (8,192 products, fp32 sums), the k-steps in order. A unit of work is 2 row blocks x 2
+// column blocks (the pair of blocks may straddle two panels), so each tile load feeds two multiplies. On the
+// 2-core Xeon with AMX: 222 GMAC/s on one core at 64 rows, the fp32 panels 74 (figures: docs/precision.md).
 //
 // The activations are rounded to bf16 once per call into rows padded to whole tiles (16 rows) with zeros, so
 // a row is computed the same way, in the same order, alone or in any batch: its result is the same bits.
@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "bf16_pairs.h"
 #include "linear_panels.h"
@@ -45,9 +44,9 @@ namespace {
 
 #if LORAPLEX_AMX
 
-constexpr int kTileRows16 = 16;   // rows of a tile: activation rows, or k pairs of a weight tile
-constexpr int kTileBytes = 64;    // bytes of a tile row: 16 pairs, or 16 fp32 sums
-constexpr int kBlockColumns = 16; // output columns of a weight or sum tile: a column block
+constexpr int kTileRows16 = 16;    // rows of a tile: activation rows, or k pairs of a weight tile
+constexpr int kTileBytes = 64;     // bytes of a tile row: 16 pairs, or 16 fp32 sums
+constexpr int kBlockColumns = 16;  // output columns of a weight or sum tile: a column block
 constexpr int kPanelBlocks = kPanelWidth / kBlockColumns;
 static_assert(kPanelWidth % kBlockColumns == 0, "a pair panel is whole column blocks");
 constexpr int64_t kPanelRowBytes = kPanelWidth * static_cast<int64_t>(sizeof(Bf16Pair));
@@ -173,7 +172,9 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
   auto block_weights = [&](int64_t b) {
     return w_ptr + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
   };
-  auto block_bias = [&](int64_t b) { return bias + (b / kPanelBlocks) * bias_step + (b % kPanelBlocks) * kBlockColumns; };
+  auto block_bias = [&](int64_t b) {
+    return bias + (b / kPanelBlocks) * bias_step + (b % kPanelBlocks) * kBlockColumns;
+  };
   const TileConfig config = full_tiles();
   for (int64_t first = 0; first < rows; first += kRowsPerPass) {
     const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
@@ -183,11 +184,14 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
       for (int64_t u = begin; u < end; ++u) {
         const int64_t b0 = u * kUnitSide;
         const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
-        const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0), col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
-        // The next unit's first block. A pass of one row block (decode steps of a few sequences) is bound
-        // by streaming the weights, and there the hardware's prefetch alone measured faster (1 row: 10-15 %).
+        const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0),
+                                                   col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
+        // The next unit, prefetched from its first block b1. A pass of one row block (decode steps of a few
+        // sequences) is bound by streaming the weights, and there the hardware's prefetch alone measured
+        // faster (1 row: 10-15 %).
         const int64_t b1 = b0 + kUnitSide;
-        const int next_blocks = u + 1 < end && pass_rows > kTileRows16 ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
+        const bool prefetch = u + 1 < end && pass_rows > kTileRows16;
+        const int next_blocks = prefetch ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
         const Bf16Pair* const next_weights[kUnitSide] = {next_blocks > 0 ? block_weights(b1) : nullptr,
                                                          next_blocks > 1 ? block_weights(b1 + 1) : nullptr};
         UnitPrefetch next(next_weights, std::max(next_blocks, 1), next_blocks > 0 ? pairs : 0,
