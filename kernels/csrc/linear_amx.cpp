@@ -6,7 +6,9 @@
 // AMX weight tile holds for 16 columns, so a 16-column block of 16 k pairs is a tile load from the panel with
 // the panel row as its stride: no second packing. One tdpbf16ps then multiplies 16 activation rows by 32 k
 // steps of 16 columns (8,192 products, fp32 sums), the k-steps in order. A unit of work is 2 row blocks x 2
-// column blocks (the pair of blocks may straddle two panels), so each tile load feeds two multiplies. On the
+// column blocks (the pair of blocks may straddle two panels), so each tile load feeds two multiplies; each
+// thread takes a run of units in order and the hardware's prefetch streams their weights (a software
+// prefetch of the next unit's, spread over the current one's k-steps, measured no faster). On the
 // 2-core Xeon with AMX: 222 GMAC/s on one core at 64 rows, the fp32 panels 74 (figures: docs/precision.md).
 //
 // The activations are rounded to bf16 once per call into rows padded to whole tiles (16 rows) with zeros, so
@@ -86,32 +88,11 @@ bool amx_bf16_granted() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// Walks the next unit's weight tile rows (one cache line a k pair and column block) into L2, spread evenly
-// over this unit's k-steps of all its row blocks: the weights stream from memory under the multiplies.
-class UnitPrefetch {
- public:
-  UnitPrefetch(const Bf16Pair* const (&blocks)[kUnitSide], int count, int64_t pairs, int64_t steps)
-      : blocks_{blocks[0], blocks[1]}, count_(count), lines_(count * pairs), steps_(std::max<int64_t>(steps, 1)) {}
-
-  void step() {
-    const int64_t target = ++done_ * lines_ / steps_;
-    for (; issued_ < target; ++issued_) {
-      _mm_prefetch(reinterpret_cast<const char*>(blocks_[issued_ % count_] + (issued_ / count_) * kPanelWidth),
-                   _MM_HINT_T1);
-    }
-  }
-
- private:
-  const Bf16Pair* blocks_[kUnitSide];
-  int count_;
-  int64_t lines_, steps_, done_ = 0, issued_ = 0;
-};
-
 // sums[RB * 16, CB * 16] (rows kUnitColumns floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
 // blocks at `blocks`, on the loaded tile config; x rows `x_stride` bytes apart, pairs a multiple of 16.
 template <int RB, int CB>
 void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
-               float* sums, UnitPrefetch& next) {
+               float* sums) {
   const Bf16Pair* x1 = x + kTileRows16 * (x_stride / static_cast<int64_t>(sizeof(Bf16Pair)));
   _tile_zero(0);
   if constexpr (CB == 2) _tile_zero(1);
@@ -128,7 +109,6 @@ void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&bloc
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (CB == 2) _tile_dpbf16ps(3, 5, 7);
     }
-    next.step();
   }
   constexpr int64_t kSumsStride = kUnitColumns * sizeof(float);
   constexpr int kSecondRows = kTileRows16 * kUnitColumns;
@@ -139,11 +119,11 @@ void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&bloc
 }
 
 void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_stride,
-               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* sums, UnitPrefetch& next) {
-  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, sums, next);
-  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, sums, next);
-  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, sums, next);
-  unit_sums<1, 1>(x, x_stride, blocks, pairs, sums, next);
+               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* sums) {
+  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, sums);
+  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, sums);
+  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, sums);
+  unit_sums<1, 1>(x, x_stride, blocks, pairs, sums);
 }
 
 // y[0:rows, 0:columns] = sums + bias (sums rows kUnitColumns floats apart, y rows `y_stride`).
@@ -186,20 +166,10 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
         const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
         const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0),
                                                    col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
-        // The next unit, prefetched from its first block b1. A pass of one row block (decode steps of a few
-        // sequences) is bound by streaming the weights, and there the hardware's prefetch alone measured
-        // faster (1 row: 10-15 %).
-        const int64_t b1 = b0 + kUnitSide;
-        const bool prefetch = u + 1 < end && pass_rows > kTileRows16;
-        const int next_blocks = prefetch ? static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b1)) : 0;
-        const Bf16Pair* const next_weights[kUnitSide] = {next_blocks > 0 ? block_weights(b1) : nullptr,
-                                                         next_blocks > 1 ? block_weights(b1 + 1) : nullptr};
-        UnitPrefetch next(next_weights, std::max(next_blocks, 1), next_blocks > 0 ? pairs : 0,
-                          (pass_rows + kUnitRows - 1) / kUnitRows * (pairs / kTileRows16));
         for (int64_t m = 0; m < pass_rows; m += kUnitRows) {
           const int64_t unit_rows = std::min<int64_t>(kUnitRows, pass_rows - m);
           const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
-          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs, sums, next);
+          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs, sums);
           for (int c = 0; c < col_blocks; ++c) {
             const int64_t b = b0 + c;
             write_rows(sums + c * kBlockColumns, block_bias(b), unit_rows,
