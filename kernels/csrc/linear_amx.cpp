@@ -54,6 +54,10 @@ static_assert(kPanelWidth % kBlockColumns == 0, "a pair panel is whole column bl
 constexpr int64_t kPanelRowBytes = kPanelWidth * static_cast<int64_t>(sizeof(Bf16Pair));
 constexpr int kUnitSide = 2;  // a unit of work: up to 2 row blocks x 2 column blocks
 constexpr int kUnitRows = kUnitSide * kTileRows16, kUnitColumns = kUnitSide * kBlockColumns;
+// Rows a pass over the weights: the bf16 inputs of 512 rows (at most 1.5 MB for 1,536 features) stay in L2,
+// and the weights stream once per 512 rows (against passes of 128: 256 rows 46.5 -> 41.1 ms, 512 rows
+// 82.1 -> 76.0 ms over the default model's 30 layers, two threads).
+constexpr int64_t kAmxRowsPerPass = 512;
 
 // The tile registers (the intrinsics paste their numbers into the instruction, so the code spells them):
 // tmm0-3 the sums of (row block, column block) (0, 0), (0, 1), (1, 0), (1, 1); tmm4-5 the two row blocks'
@@ -156,8 +160,8 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
     return bias + (b / kPanelBlocks) * bias_step + (b % kPanelBlocks) * kBlockColumns;
   };
   const TileConfig config = full_tiles();
-  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
-    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
+  for (int64_t first = 0; first < rows; first += kAmxRowsPerPass) {
+    const int64_t pass_rows = std::min(kAmxRowsPerPass, rows - first);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
       _tile_loadconfig(&config);  // the tile state is a thread's own
       alignas(64) float sums[kUnitRows * kUnitColumns];

@@ -53,7 +53,7 @@ def test_pair_panels_hold_k_in_pairs_and_zero_past_the_weight(native):
         pack_linear_pairs(weight.to(torch.int8))
 
 
-@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 16, 17, 33, 64, 129])  # tiles of 8 and 16, units of 32, passes of 128
+@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 16, 17, 33, 64, 129, 513])  # tiles of 8, 16; units of 32; passes
 @pytest.mark.parametrize(("in_features", "out_features"), [(576, 960), (1536, 576), (37, 50), (16, 1), (64, 80)])
 def test_pair_panels_match_float64_on_bf16_rounded_inputs(
     pair_gemm, rows: int, in_features: int, out_features: int, seed: int
