@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "bf16_pairs.h"
 #include "linear_panels.h"
@@ -92,11 +93,11 @@ bool amx_bf16_granted() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// sums[RB * 16, CB * 16] (rows kUnitColumns floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
+// out[RB * 16, CB * 16] (rows `out_stride` floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
 // blocks at `blocks`, on the loaded tile config; x rows `x_stride` bytes apart, pairs a multiple of 16.
 template <int RB, int CB>
 void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
-               float* sums) {
+               float* out, int64_t out_stride) {
   const Bf16Pair* x1 = x + kTileRows16 * (x_stride / static_cast<int64_t>(sizeof(Bf16Pair)));
   _tile_zero(0);
   if constexpr (CB == 2) _tile_zero(1);
@@ -114,35 +115,41 @@ void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&bloc
       if constexpr (CB == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
-  constexpr int64_t kSumsStride = kUnitColumns * sizeof(float);
-  constexpr int kSecondRows = kTileRows16 * kUnitColumns;
-  _tile_stored(0, sums, kSumsStride);
-  if constexpr (CB == 2) _tile_stored(1, sums + kBlockColumns, kSumsStride);
-  if constexpr (RB == 2) _tile_stored(2, sums + kSecondRows, kSumsStride);
-  if constexpr (RB == 2 && CB == 2) _tile_stored(3, sums + kSecondRows + kBlockColumns, kSumsStride);
+  const int64_t stride_bytes = out_stride * static_cast<int64_t>(sizeof(float));
+  float* second = out + kTileRows16 * out_stride;
+  _tile_stored(0, out, stride_bytes);
+  if constexpr (CB == 2) _tile_stored(1, out + kBlockColumns, stride_bytes);
+  if constexpr (RB == 2) _tile_stored(2, second, stride_bytes);
+  if constexpr (RB == 2 && CB == 2) _tile_stored(3, second + kBlockColumns, stride_bytes);
 }
 
 void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_stride,
-               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* sums) {
-  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, sums);
-  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, sums);
-  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, sums);
-  unit_sums<1, 1>(x, x_stride, blocks, pairs, sums);
+               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* out, int64_t out_stride) {
+  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, out, out_stride);
+  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, out, out_stride);
+  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, out, out_stride);
+  unit_sums<1, 1>(x, x_stride, blocks, pairs, out, out_stride);
 }
 
-// y[0:rows, 0:columns] = sums + bias (sums rows kUnitColumns floats apart, y rows `y_stride`).
-void write_rows(const float* sums, const float* bias, int64_t rows, int64_t columns, float* y, int64_t y_stride) {
+// y[0:rows, 0:columns] = sums (rows kUnitColumns floats apart; y rows `y_stride`): a unit whose tiles reach
+// past the output's rows or columns.
+void copy_rows(const float* sums, int64_t rows, int64_t columns, float* y, int64_t y_stride) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * y_stride, sums + r * kUnitColumns, columns * sizeof(float));
+}
+
+// y[0:rows, 0:columns] += bias, rows `y_stride` apart.
+void add_bias(const float* bias, int64_t rows, int64_t columns, float* y, int64_t y_stride) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = sums + r * kUnitColumns;
     float* out = y + r * y_stride;
     int64_t c = 0;
-    for (; c + kWideLanes <= columns; c += kWideLanes) storew(out + c, addw(loadw(row + c), loadw(bias + c)));
-    for (; c < columns; ++c) out[c] = row[c] + bias[c];
+    for (; c + kWideLanes <= columns; c += kWideLanes) storew(out + c, addw(loadw(out + c), loadw(bias + c)));
+    for (; c < columns; ++c) out[c] += bias[c];
   }
 }
 
-void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
-                    at::Tensor& y, int64_t out_features) {
+// y = x @ the panels, + bias where `bias` is given (padded to whole panels).
+void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y,
+                    int64_t out_features) {
   const int64_t rows = x.size(0), pairs = packed.size(1);
   const int64_t padded_rows = (rows + kTileRows16 - 1) / kTileRows16 * kTileRows16;
   const at::Tensor x_rounded = round_to_pairs(x, pairs, padded_rows);  // [padded_rows, pairs]
@@ -152,12 +159,9 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
   const int64_t x_stride = pairs * static_cast<int64_t>(sizeof(Bf16Pair));
   const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
   const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
-  // Column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it; its bias likewise.
+  // Column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it.
   auto block_weights = [&](int64_t b) {
     return w_ptr + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
-  };
-  auto block_bias = [&](int64_t b) {
-    return bias + (b / kPanelBlocks) * bias_step + (b % kPanelBlocks) * kBlockColumns;
   };
   const TileConfig config = full_tiles();
   for (int64_t first = 0; first < rows; first += kAmxRowsPerPass) {
@@ -170,16 +174,17 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
         const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
         const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0),
                                                    col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
+        const int64_t unit_columns = std::min<int64_t>(kUnitColumns, out_features - b0 * kBlockColumns);
         for (int64_t m = 0; m < pass_rows; m += kUnitRows) {
           const int64_t unit_rows = std::min<int64_t>(kUnitRows, pass_rows - m);
           const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
-          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs, sums);
-          for (int c = 0; c < col_blocks; ++c) {
-            const int64_t b = b0 + c;
-            write_rows(sums + c * kBlockColumns, block_bias(b), unit_rows,
-                       std::min<int64_t>(kBlockColumns, out_features - b * kBlockColumns),
-                       y_ptr + (first + m) * out_features + b * kBlockColumns, out_features);
-          }
+          float* out = y_ptr + (first + m) * out_features + b0 * kBlockColumns;
+          // The tiles store into y where they cover only its rows and columns, else through `sums`.
+          const bool whole = unit_rows == row_blocks * kTileRows16 && unit_columns == col_blocks * kBlockColumns;
+          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs,
+                    whole ? out : sums, whole ? out_features : kUnitColumns);
+          if (!whole) copy_rows(sums, unit_rows, unit_columns, out, out_features);
+          if (bias != nullptr) add_bias(bias + b0 * kBlockColumns, unit_rows, unit_columns, out, out_features);
         }
       }
       _tile_release();  // a switched-out thread then saves no tile state
@@ -210,8 +215,8 @@ at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
   if (x.size(0) == 0) return y;
 #if LORAPLEX_AMX
-  const PanelBias panel_biases = panel_bias(bias, packed.size(0), x);  // a block reads kPanelWidth values
-  run_amx_panels(x, packed, panel_biases.values, panel_biases.step, y, out_features);
+  const at::Tensor dense_bias = bias.has_value() ? bias->contiguous() : at::Tensor();
+  run_amx_panels(x, packed, bias.has_value() ? dense_bias.data_ptr<float>() : nullptr, y, out_features);
 #endif
   return y;
 }

@@ -88,6 +88,8 @@ def test_strided_rows(pair_gemm, seed: int):
     packed = pack_linear_pairs(weight)
     for x in (wide[:, :576], wide[::3, 100:676]):
         assert_scaled_close(pair_gemm(x, packed, None, 960), reference(x, weight.double(), None), seed)
+    bias, x = torch.randn(1920, generator=gen)[::2], wide[:, :576]  # a strided bias
+    assert_scaled_close(pair_gemm(x, packed, bias, 960), reference(x, weight.double(), bias), seed)
 
 
 def test_bad_inputs_are_refused(pair_gemm, native):
