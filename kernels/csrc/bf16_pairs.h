@@ -63,13 +63,11 @@ inline void round_row(const float* src, uint16_t* dst, int64_t n) {
 #endif
 }
 
-// x [rows, K] fp32 rounded to bf16 (round_row) as `pairs` pairs a row, zero past K, and
-// zero rows from `rows` to `padded_rows` (a whole number of AMX tiles): [padded_rows, pairs] int32, rows
-// aligned to cache lines as torch allocates them (a tile row then spans as few lines as it can).
-inline at::Tensor round_to_pairs(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
+// x [rows, K] fp32 rounded to bf16 (round_row) as `pairs` pairs a row, zero past K: [rows, pairs] int32.
+inline at::Tensor round_to_pairs(const at::Tensor& x, int64_t pairs) {
   const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0);
-  at::Tensor out = at::empty({padded_rows, pairs}, x.options().dtype(at::kInt));
-  uint16_t* values = reinterpret_cast<uint16_t*>(out.data_ptr());  // [padded_rows, 2 * pairs] bf16 bits
+  at::Tensor out = at::empty({rows, pairs}, x.options().dtype(at::kInt));
+  uint16_t* values = reinterpret_cast<uint16_t*>(out.data_ptr());  // [rows, 2 * pairs] bf16 bits
   const float* src = x.data_ptr<float>();
   at::parallel_for(0, rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -78,7 +76,6 @@ inline at::Tensor round_to_pairs(const at::Tensor& x, int64_t pairs, int64_t pad
       std::fill(dst + in_features, dst + 2 * pairs, uint16_t{0});
     }
   });
-  std::fill(values + rows * 2 * pairs, values + padded_rows * 2 * pairs, uint16_t{0});
   return out;
 }
 

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "bf16_pairs.h"
 #include "linear_panels.h"
@@ -50,6 +51,7 @@ namespace {
 constexpr int kTileRows16 = 16;    // rows of a tile: activation rows, or k pairs of a weight tile
 constexpr int kTileBytes = 64;     // bytes of a tile row: 16 pairs, or 16 fp32 sums
 constexpr int kBlockColumns = 16;  // output columns of a weight or sum tile: a column block
+constexpr int64_t kTileValues = kTileRows16 * kTileRows16;  // pairs of an input tile: 16 rows x 16 pairs
 constexpr int kPanelBlocks = kPanelWidth / kBlockColumns;
 static_assert(kPanelWidth % kBlockColumns == 0, "a pair panel is whole column blocks");
 constexpr int64_t kPanelRowBytes = kPanelWidth * static_cast<int64_t>(sizeof(Bf16Pair));
@@ -93,12 +95,36 @@ bool amx_bf16_granted() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+// x [rows, K] fp32 rounded to bf16 (round_row) in tile order, [padded_rows / 16, pairs / 16, 16 rows, 16 pairs]
+// int32: each tile of 16 rows x 16 pairs one contiguous KB, so a tile load reads 16 consecutive lines
+// (against rows of the whole K: 2-6 % faster over the model's projections); zero past K and past the rows.
+at::Tensor round_to_tiles(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
+  const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0), steps = pairs / kTileRows16;
+  at::Tensor out = at::empty({padded_rows / kTileRows16, steps, kTileRows16, kTileRows16}, x.options().dtype(at::kInt));
+  Bf16Pair* tiles = reinterpret_cast<Bf16Pair*>(out.data_ptr());
+  const float* src = x.data_ptr<float>();
+  at::parallel_for(0, padded_rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> row(static_cast<size_t>(2 * pairs));  // one row's bf16 values, zero past K
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t written = r < rows ? in_features : 0;
+      if (written > 0) round_row(src + r * stride, row.data(), in_features);
+      std::fill(row.begin() + written, row.end(), uint16_t{0});
+      Bf16Pair* dst = tiles + (r / kTileRows16) * steps * kTileValues + (r % kTileRows16) * kTileRows16;
+      for (int64_t s = 0; s < steps; ++s) {
+        std::memcpy(dst + s * kTileValues, row.data() + 2 * s * kTileRows16, kTileBytes);
+      }
+    }
+  });
+  return out;
+}
+
 // out[RB * 16, CB * 16] (rows `out_stride` floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
-// blocks at `blocks`, on the loaded tile config; x rows `x_stride` bytes apart, pairs a multiple of 16.
+// blocks at `blocks`, on the loaded tile config; x the row blocks' first tile (round_to_tiles), the second
+// row block's `x_block` pairs after the first's; pairs a multiple of 16.
 template <int RB, int CB>
-void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
+void unit_sums(const Bf16Pair* x, int64_t x_block, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
                float* out, int64_t out_stride) {
-  const Bf16Pair* x1 = x + kTileRows16 * (x_stride / static_cast<int64_t>(sizeof(Bf16Pair)));
+  const Bf16Pair* x1 = x + x_block;
   _tile_zero(0);
   if constexpr (CB == 2) _tile_zero(1);
   if constexpr (RB == 2) _tile_zero(2);
@@ -106,11 +132,11 @@ void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&bloc
   for (int64_t kp = 0; kp < pairs; kp += kTileRows16) {
     _tile_loadd(6, blocks[0] + kp * kPanelWidth, kPanelRowBytes);
     if constexpr (CB == 2) _tile_loadd(7, blocks[1] + kp * kPanelWidth, kPanelRowBytes);
-    _tile_loadd(4, x + kp, x_stride);
+    _tile_loadd(4, x + kp * kTileRows16, kTileBytes);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (CB == 2) _tile_dpbf16ps(1, 4, 7);
     if constexpr (RB == 2) {
-      _tile_loadd(5, x1 + kp, x_stride);
+      _tile_loadd(5, x1 + kp * kTileRows16, kTileBytes);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (CB == 2) _tile_dpbf16ps(3, 5, 7);
     }
@@ -123,12 +149,12 @@ void unit_sums(const Bf16Pair* x, int64_t x_stride, const Bf16Pair* const (&bloc
   if constexpr (RB == 2 && CB == 2) _tile_stored(3, second + kBlockColumns, stride_bytes);
 }
 
-void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_stride,
+void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_block,
                const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* out, int64_t out_stride) {
-  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_stride, blocks, pairs, out, out_stride);
-  if (row_blocks == 2) return unit_sums<2, 1>(x, x_stride, blocks, pairs, out, out_stride);
-  if (column_blocks == 2) return unit_sums<1, 2>(x, x_stride, blocks, pairs, out, out_stride);
-  unit_sums<1, 1>(x, x_stride, blocks, pairs, out, out_stride);
+  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_block, blocks, pairs, out, out_stride);
+  if (row_blocks == 2) return unit_sums<2, 1>(x, x_block, blocks, pairs, out, out_stride);
+  if (column_blocks == 2) return unit_sums<1, 2>(x, x_block, blocks, pairs, out, out_stride);
+  unit_sums<1, 1>(x, x_block, blocks, pairs, out, out_stride);
 }
 
 // y[0:rows, 0:columns] = sums (rows kUnitColumns floats apart; y rows `y_stride`): a unit whose tiles reach
@@ -152,11 +178,11 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
                     int64_t out_features) {
   const int64_t rows = x.size(0), pairs = packed.size(1);
   const int64_t padded_rows = (rows + kTileRows16 - 1) / kTileRows16 * kTileRows16;
-  const at::Tensor x_rounded = round_to_pairs(x, pairs, padded_rows);  // [padded_rows, pairs]
-  const Bf16Pair* x_pairs = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
+  const at::Tensor x_rounded = round_to_tiles(x, pairs, padded_rows);  // [padded_rows / 16, pairs / 16, 16, 16]
+  const Bf16Pair* x_tiles = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
   float* y_ptr = y.data_ptr<float>();
-  const int64_t x_stride = pairs * static_cast<int64_t>(sizeof(Bf16Pair));
+  const int64_t x_block = pairs * kTileRows16;  // pairs of a row block's tiles
   const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
   const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
   // Column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it.
@@ -181,7 +207,7 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
           float* out = y_ptr + (first + m) * out_features + b0 * kBlockColumns;
           // The tiles store into y where they cover only its rows and columns, else through `sums`.
           const bool whole = unit_rows == row_blocks * kTileRows16 && unit_columns == col_blocks * kBlockColumns;
-          unit_sums(row_blocks, col_blocks, x_pairs + (first + m) * pairs, x_stride, blocks, pairs,
+          unit_sums(row_blocks, col_blocks, x_tiles + (first + m) / kTileRows16 * x_block, x_block, blocks, pairs,
                     whole ? out : sums, whole ? out_features : kUnitColumns);
           if (!whole) copy_rows(sums, unit_rows, unit_columns, out, out_features);
           if (bias != nullptr) add_bias(bias + b0 * kBlockColumns, unit_rows, unit_columns, out, out_features);

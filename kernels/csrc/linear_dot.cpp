@@ -119,7 +119,7 @@ void dot_panel_rows(const Bf16Pair* x, int64_t x_stride, int64_t rows, const Pai
 void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
                      at::Tensor& y, int64_t out_features) {
   const int64_t rows = x.size(0), panels = packed.size(0), pairs = packed.size(1);
-  const at::Tensor x_rounded = round_to_pairs(x, pairs, rows);  // [rows, pairs]
+  const at::Tensor x_rounded = round_to_pairs(x, pairs);  // [rows, pairs]
   const Bf16Pair* x_pairs = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
   float* y_ptr = y.data_ptr<float>();
