@@ -8,13 +8,14 @@
 // steps of 16 columns (8,192 products, fp32 sums), the k-steps in order. A unit of work is 2 row blocks x 2
 // column blocks (the pair of blocks may straddle two panels), so each tile load feeds two multiplies; each
 // thread takes a run of units in order and the hardware's prefetch streams their weights (a software
-// prefetch of the next unit's, spread over the current one's k-steps, measured no faster). On the
-// 2-core Xeon with AMX: 222 GMAC/s on one core at 64 rows, the fp32 panels 74 (figures: docs/precision.md).
+// prefetch of the next unit's, spread over the current one's k-steps, measured no faster). The sums tiles
+// store straight into the output where they cover only its rows and columns. On the 2-core Xeon with AMX:
+// 219 GMAC/s on one core at 64 rows, the fp32 panels 79 (figures: docs/precision.md).
 //
-// The activations are rounded to bf16 once per call into rows padded to whole tiles (16 rows) with zeros, so
-// a row is computed the same way, in the same order, alone or in any batch: its result is the same bits.
-// Tiles hold 16 rows, so a decode step of fewer rows computes zero rows too; its time is the weights'
-// streaming anyway.
+// The activations are rounded to bf16 once per call into tile order (round_to_tiles), padded to whole tiles
+// of 16 rows with zeros, so a row is computed the same way, in the same order, alone or in any batch: its
+// result is the same bits. Tiles hold 16 rows, so a decode step of fewer rows computes zero rows too; its
+// time is the weights' streaming anyway.
 //
 // Only a build for a CPU with AMX-BF16 (-march of such a CPU) compiles the tiles, and they run only once
 // Linux has granted the process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM); elsewhere
