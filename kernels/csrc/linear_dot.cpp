@@ -174,7 +174,7 @@ at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::
   if (x.size(0) == 0) return y;
 #if LORAPLEX_BF16_DOT
   const PanelBias panel_biases = panel_bias(bias, packed.size(0), x);  // every tile reads kPanelWidth values
-  run_pair_panels(x, packed, panel_biases.values, panel_biases.step, y, out_features);
+  run_pair_panels(x, packed, panel_biases.values, panel_biases.stride, y, out_features);
 #endif
   return y;
 }

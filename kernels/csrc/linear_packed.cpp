@@ -222,7 +222,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
   if (rows == 0) return y;
   const float* b_ptr = panel_biases.values;
-  const int64_t b_step = panel_biases.step;
+  const int64_t b_step = panel_biases.stride;
   const float* s_ptr = int8 ? scale_panels.data_ptr<float>() : nullptr;
   switch (packed.scalar_type()) {
     case at::kBFloat16:

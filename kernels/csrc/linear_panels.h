@@ -99,12 +99,13 @@ inline at::Tensor pad_to_panels(const std::optional<at::Tensor>& values, int64_t
   return padded;
 }
 
-// A call's bias as the tiles read it: padded to whole panels (a panel's bias `step` floats after the last),
-// or, without a bias, one panel of zeros that every panel reads (step 0). `padded` keeps the storage alive.
+// A call's bias as the tiles read it: padded to whole panels (a panel's bias `stride` floats after the
+// last), or, without a bias, one panel of zeros that every panel reads (a stride of 0). `padded` owns the
+// padded copy while the call runs.
 struct PanelBias {
   at::Tensor padded;
   const float* values;
-  int64_t step;
+  int64_t stride;
 };
 
 inline PanelBias panel_bias(const std::optional<at::Tensor>& bias, int64_t panels, const at::Tensor& like) {

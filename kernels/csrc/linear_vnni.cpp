@@ -260,7 +260,7 @@ at::Tensor linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::
 #if LORAPLEX_VNNI
   const PanelBias panel_biases = panel_bias(bias, panels, x);  // every tile reads kPanelWidth values
   const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
-  run_quad_panels(x, packed, offsets, panel_biases.values, panel_biases.step, scale_panels.data_ptr<float>(), y,
+  run_quad_panels(x, packed, offsets, panel_biases.values, panel_biases.stride, scale_panels.data_ptr<float>(), y,
                   out_features);
 #endif
   return y;
