@@ -8,9 +8,9 @@ weights in k quads on AVX512-VNNI's ``vpdpbusd`` with the activations quantized 
 (kernels/linear_vnni.py). ``vdpbf16ps`` does twice an FMA's arithmetic per instruction and ``vpdpbusd``
 four times, so which is faster depends on how fast the CPU issues them: ``vdpbf16ps`` is reported about as
 fast as FMAs on AMD Zen 4 and runs at a quarter of their rate on the Xeons measured in docs/precision.md,
-where ``vpdpbusd`` runs at their rate and AMX tiles (on the Xeon that has them) do about twenty times the
-FMAs' products a cycle. A full decode batch's projections are bound by arithmetic, so the engine times both on the
-model's gate/up projection (its largest a layer) at its full batch (``max_num_seqs`` rows), in a few short
+where ``vpdpbusd`` runs at their rate and AMX tiles (on the Xeon that has them) do about ten times the
+FMAs' products a cycle. A full decode batch's projections are bound by arithmetic, so the engine times both
+on the model's gate/up projection (its largest a layer) at its full batch (``max_num_seqs`` rows), in a few short
 alternated repeats, and runs every projection on the faster (``EngineConfig.bf16_gemm="auto"``); "widen"
 and "dot" pin one.
 """
