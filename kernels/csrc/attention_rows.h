@@ -1,6 +1,8 @@
 // The paged attention's path for few query vectors per kv head (decode rows, short chunks): eight keys
-// at a time, each query vector scoring them in one vector (eight FMA chains finished by one
-// transpose-and-add) and accumulating p x V itself. Memory-bound: the keys are read once per step.
+// at a time, read in place from the pool (bf16 rows widened as they are loaded) and shared by a chunk of
+// the row's query vectors (its grouped heads): each vector scores the eight keys in one vector (eight FMA
+// chains finished by one transpose-and-add) and accumulates p x V, each K and V load feeding every vector
+// of the chunk. Memory-bound on long contexts: the keys are read once per step.
 #pragma once
 
 #include "attention_common.h"
@@ -9,69 +11,98 @@ namespace loraplex::attention {
 
 struct RowPath {
   static constexpr int kKeys = kLanes;
+  // Query vectors sharing each load: 3 x 8 score chains + 3 queries + a key take 28 of AVX-512's 32
+  // registers; AVX2's 16 hold one vector's eight chains.
+  static constexpr int kChunk = LORAPLEX_AVX512 ? 3 : 1;
+  static_assert(kChunk <= 3, "run() finishes a row with chunks of 2 and 1");
 
-  // Scores of one query vector against the block: lane n = q . keys[n].
-  template <int kHeadDim>
-  static F8 score(const float* q, const float* keys, int head_dim) {
+  // s[c] lane n = q[c] . key n, for the C query vectors at q (rows head_dim apart) and the block's keys at
+  // rows[n] + offset.
+  template <int kHeadDim, int C, typename KV>
+  static void score(const float* q, const KV* const* rows, int64_t offset, int head_dim, F8 (&s)[C]) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    FW wide[8];
-    for (auto& a : wide) a = zerow();
+    FW wide[C][8];
+    for (auto& chains : wide)
+      for (auto& a : chains) a = zerow();
     int d = 0;
     for (; d + kWideLanes <= dim; d += kWideLanes) {
-      const FW qv = loadw(q + d);
-      for (int n = 0; n < 8; ++n) wide[n] = fmaw(qv, loadw(keys + n * dim + d), wide[n]);
+      FW qv[C];
+      for (int c = 0; c < C; ++c) qv[c] = loadw(q + c * dim + d);
+      for (int n = 0; n < 8; ++n) {
+        const FW key = loadw(rows[n] + offset + d);
+        for (int c = 0; c < C; ++c) wide[c][n] = fmaw(qv[c], key, wide[c][n]);
+      }
     }
-    F8 acc[8];
-    for (int n = 0; n < 8; ++n) acc[n] = fold8(wide[n]);
+    F8 acc[C][8];
+    for (int c = 0; c < C; ++c)
+      for (int n = 0; n < 8; ++n) acc[c][n] = fold8(wide[c][n]);
     for (; d < dim; d += kLanes) {
-      const F8 qv = load8(q + d);
-      for (int n = 0; n < 8; ++n) acc[n] = fma8(qv, load8(keys + n * dim + d), acc[n]);
+      for (int n = 0; n < 8; ++n) {
+        const F8 key = load8(rows[n] + offset + d);
+        for (int c = 0; c < C; ++c) acc[c][n] = fma8(load8(q + c * dim + d), key, acc[c][n]);
+      }
     }
-    return transpose_sum8(acc);
+    for (int c = 0; c < C; ++c) s[c] = transpose_sum8(acc[c]);
   }
 
-  // acc += sum_n p[n] * values[n]
-  template <int kHeadDim>
-  static void accumulate(float* acc, F8 p, const float* values, int head_dim) {
+  // acc[c] += sum_n weights[c][n] * value n, for the C vectors' accumulators at acc (rows head_dim apart)
+  // and the block's values at rows[n] + offset.
+  template <int kHeadDim, int C, typename KV>
+  static void accumulate(float* acc, const float (&weights)[C][8], const KV* const* rows, int64_t offset,
+                         int head_dim) {
     const int dim = kHeadDim ? kHeadDim : head_dim;
-    alignas(32) float weights[8];
-    store8(weights, p);
     int d = 0;
     for (; d + kWideLanes <= dim; d += kWideLanes) {
-      FW a = loadw(acc + d);
-      for (int n = 0; n < 8; ++n) a = fmaw(splatw(weights[n]), loadw(values + n * dim + d), a);
-      storew(acc + d, a);
+      FW a[C];
+      for (int c = 0; c < C; ++c) a[c] = loadw(acc + c * dim + d);
+      for (int n = 0; n < 8; ++n) {
+        const FW value = loadw(rows[n] + offset + d);
+        for (int c = 0; c < C; ++c) a[c] = fmaw(splatw(weights[c][n]), value, a[c]);
+      }
+      for (int c = 0; c < C; ++c) storew(acc + c * dim + d, a[c]);
     }
     for (; d < dim; d += kLanes) {
-      F8 a = load8(acc + d);
-      for (int n = 0; n < 8; ++n) a = fma8(splat8(weights[n]), load8(values + n * dim + d), a);
-      store8(acc + d, a);
+      F8 a[C];
+      for (int c = 0; c < C; ++c) a[c] = load8(acc + c * dim + d);
+      for (int n = 0; n < 8; ++n) {
+        const F8 value = load8(rows[n] + offset + d);
+        for (int c = 0; c < C; ++c) a[c] = fma8(splat8(weights[c][n]), value, a[c]);
+      }
+      for (int c = 0; c < C; ++c) store8(acc + c * dim + d, a[c]);
     }
   }
 
-  // Copies the block's rows of one kv head into contiguous fp32 scratch (one base address for the loops).
-  template <int kHeadDim, typename KV>
-  static void gather(const KV* const* rows, int64_t offset, float* dst, int head_dim) {
-    const int dim = kHeadDim ? kHeadDim : head_dim;
-    for (int n = 0; n < 8; ++n) load_row(dst + n * dim, rows[n] + offset, dim);
+  // The C vectors from m (all of one row, num_live keys of the block visible) against the block.
+  template <int kHeadDim, int C, typename KV>
+  static void run_chunk(const Problem& pb, const Scratch& scratch, const KV* const* k_rows, const HeadBlock& blk,
+                        int m, int num_live) {
+    const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
+    const int64_t first = static_cast<int64_t>(m) * head_dim;
+    F8 s[C];
+    score<kHeadDim, C>(scratch.queries + first, k_rows, blk.head_offset, head_dim, s);
+    alignas(32) float weights[C][8];
+    for (int c = 0; c < C; ++c) {
+      if (num_live < kKeys) s[c] = keep_lanes8(s[c], (1 << num_live) - 1, kNegInf);
+      float* acc_row = scratch.acc + first + static_cast<int64_t>(c) * head_dim;
+      raise_max(hmax8(s[c]), scratch.row_max[m + c], scratch.row_sum[m + c], acc_row, head_dim);
+      const F8 p = exp2_8(sub8(s[c], splat8(scratch.row_max[m + c])));
+      scratch.row_sum[m + c] += hsum8(p);
+      store8(weights[c], p);
+    }
+    accumulate<kHeadDim, C>(scratch.acc + first, weights, k_rows, blk.head_offset + pb.v_offset, head_dim);
   }
 
   template <int kHeadDim, typename KV>
   static void run(const Problem& pb, const Scratch& scratch, const KV* const* k_rows, const HeadBlock& blk) {
-    const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
-    gather<kHeadDim>(k_rows, blk.head_offset, scratch.keys, head_dim);
-    gather<kHeadDim>(k_rows, blk.head_offset + pb.v_offset, scratch.values, head_dim);
-    // Row by row (m_begin is a row's first vector): one count of live keys per row, not per vector.
+    // Row by row (m_row is a row's first vector): one count of live keys per row, not per vector.
     for (int m_row = blk.m_begin; m_row < blk.m_end; m_row += blk.group) {
       const int num_live = blk.num_live(m_row);
-      for (int m = m_row; m < m_row + blk.group; ++m) {
-        float* acc_row = scratch.acc + static_cast<int64_t>(m) * head_dim;
-        F8 s = score<kHeadDim>(scratch.queries + static_cast<int64_t>(m) * head_dim, scratch.keys, head_dim);
-        if (num_live < kKeys) s = keep_lanes8(s, (1 << num_live) - 1, kNegInf);
-        raise_max(hmax8(s), scratch.row_max[m], scratch.row_sum[m], acc_row, head_dim);
-        const F8 p = exp2_8(sub8(s, splat8(scratch.row_max[m])));
-        scratch.row_sum[m] += hsum8(p);
-        accumulate<kHeadDim>(acc_row, p, scratch.values, head_dim);
+      const int row_end = m_row + blk.group;
+      int m = m_row;
+      for (; m + kChunk <= row_end; m += kChunk) run_chunk<kHeadDim, kChunk>(pb, scratch, k_rows, blk, m, num_live);
+      if constexpr (kChunk > 1) {
+        if (row_end - m == 2) run_chunk<kHeadDim, 2>(pb, scratch, k_rows, blk, m, num_live);
+        if (row_end - m == 1) run_chunk<kHeadDim, 1>(pb, scratch, k_rows, blk, m, num_live);
       }
     }
   }

@@ -34,7 +34,7 @@ def run(batch: Batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("head_dim", [64, 48])
-@pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3)])
+@pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (1, 5)])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_attention_on_bf16_pages(native, kind: str, num_kv_heads: int, group: int, head_dim: int, seed: int):
     batch = make_batch(KINDS[kind], num_kv_heads, group, head_dim, torch.float32, seed)
