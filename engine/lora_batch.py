@@ -39,6 +39,10 @@ class LoraStep:
     page_elems: int
     backend: KernelBackend = KernelBackend.TORCH
 
+    def targets(self, name: str) -> bool:
+        """Whether any adapter of the step has rows in projection group ``name``."""
+        return name in self.groups
+
     def apply(self, name: str, x: torch.Tensor, y: torch.Tensor, layer: int, storage: torch.Tensor) -> None:
         """``y += x @ A.T @ B.T`` per token with its adapter's rows of ``layer``, for group ``name``."""
         group = self.groups.get(name)

@@ -2,7 +2,8 @@
 
 A decoder layer is nine ops (and the adapters' ``lora.apply`` after each projection): add + norm, the
 q/k/v projection, RoPE + K/V write, paged attention, the o projection, add + norm, the gate/up
-projection, SiLU·mul, the down projection. The residual stream is one tensor updated in place; each
+projection, SiLU·mul (one pass with the gate/up projection where its GEMM fuses them and no adapter of
+the step targets gate/up), the down projection. The residual stream is one tensor updated in place; each
 layer's last output is added at the start of the next. Each glue op runs the kernel backend the engine
 resolved (the native C++ ops on CPU, or torch's).
 """
@@ -17,7 +18,7 @@ from engine.weights import LayerWeights, ModelWeights
 from kernels.add_rms_norm import add_rms_norm
 from kernels.backend import KernelBackend
 from kernels.kv_write import kv_row_index
-from kernels.linear import linear
+from kernels.linear import linear, linear_silu_mul
 from kernels.paged_attention import paged_attention
 from kernels.rope_kv_write import rope_kv_write
 from kernels.silu_mul import silu_mul
@@ -77,10 +78,12 @@ class LlamaModel:
         if lora is not None:
             lora.apply("o", attn, o, index, pool.storage)
         h = add_rms_norm(x, o, w.post_norm, cfg.rms_norm_eps, backend)  # [num_tokens, hidden]
-        gate_up = linear(h, w.gate_up)  # [num_tokens, 2 * intermediate]
-        if lora is not None:
+        if lora is not None and lora.targets("gate_up"):
+            gate_up = linear(h, w.gate_up)  # [num_tokens, 2 * intermediate]
             lora.apply("gate_up", h, gate_up, index, pool.storage)
-        act = silu_mul(gate_up, backend)  # [num_tokens, intermediate]
+            act = silu_mul(gate_up, backend)  # [num_tokens, intermediate]
+        else:
+            act = linear_silu_mul(h, w.gate_up, backend)  # [num_tokens, intermediate]
         down = linear(act, w.down)  # [num_tokens, hidden]
         if lora is not None:
             lora.apply("down", act, down, index, pool.storage)

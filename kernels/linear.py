@@ -31,13 +31,15 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import KernelBackend
-from kernels.linear_dot import amx_available, linear_amx, linear_dot, pack_linear_pairs
+from kernels.linear_dot import amx_available, linear_amx, linear_amx_silu_mul, linear_dot, pack_linear_pairs
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from kernels.linear_vnni import linear_vnni, pack_linear_quads
+from kernels.silu_mul import silu_mul
 
 logger = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 64  # rows oneDNN tunes the packed layout for: a full decode batch
+AMX_BLOCK_COLUMNS = 16  # output columns of an AMX sums tile: linear_silu_mul fuses whole blocks
 INT8_MAX = 127  # symmetric int8: q in [-127, 127], so -q never overflows
 # The native GEMMs of bf16 and int8 weights: k-major panels widened to fp32, or the weight format's dot
 # product (bf16: vdpbf16ps; int8: vpdpbusd).
@@ -160,6 +162,25 @@ def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x, w.weight, w.scales.to(x.dtype))  # [num_tokens, out]
         return y if w.bias is None else y.add_(w.bias)
     return F.linear(x, w.weight, w.bias)
+
+
+def linear_silu_mul(x: torch.Tensor, gate_up: LinearWeight, backend: KernelBackend) -> torch.Tensor:
+    """``silu_mul(linear(x, gate_up), backend)``, in one pass where the weight's GEMM fuses them.
+
+    The AMX GEMM computes gate's and up's columns of each block side by side and applies SiLU x up to its
+    sums before they leave the thread (kernels/linear_dot.py's linear_amx_silu_mul: the same bits as the two
+    ops); the other layouts, a bias, or an intermediate size not a multiple of 16 run the two ops.
+
+    Args:
+        x: [num_tokens, in_features], as :func:`linear` takes it.
+        gate_up: the fused gate/up weight [2 * intermediate, in_features], gate's rows first.
+    Returns:
+        [num_tokens, intermediate] in x's dtype.
+    """
+    intermediate = gate_up.out_features // 2
+    if gate_up.layout is WeightLayout.NATIVE_AMX and gate_up.bias is None and intermediate % AMX_BLOCK_COLUMNS == 0:
+        return linear_amx_silu_mul(x, gate_up.weight, intermediate)
+    return silu_mul(linear(x, gate_up), backend)
 
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:

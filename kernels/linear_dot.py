@@ -93,3 +93,22 @@ def linear_amx(
         subnormals as zero), so a row's result does not depend on the other rows of the batch.
     """
     return require_native_ops().linear_amx(x, packed, bias, out_features)  # [num_rows, out_features]
+
+
+def linear_amx_silu_mul(x: torch.Tensor, packed: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """The gated MLP's gate/up projection and SiLU x up in one pass on AMX tiles.
+
+    Args:
+        x: [num_rows, in_features] float32, rows contiguous.
+        packed: :func:`pack_linear_pairs` of the fused gate/up weight [2 * intermediate, in_features], gate's
+            rows first.
+        intermediate: a multiple of 16.
+    Returns:
+        [num_rows, intermediate] float32.
+
+    Semantics:
+        g, u = linear_amx(x, packed, None, 2 * intermediate).split(intermediate, dim=1)
+        out = g / (1 + exp(-g)) * u     (the same bits as silu_mul's native op on that product)
+    ValueError where :func:`amx_available` is false or the shapes do not match.
+    """
+    return require_native_ops().linear_amx_silu_mul(x, packed, intermediate)  # [num_rows, intermediate]

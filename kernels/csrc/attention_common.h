@@ -1,7 +1,7 @@
 // What the paged attention's two inner paths share (kernels/csrc/paged_attention.cpp includes them):
 // the problem, the work items, per-thread scratch, and how a block of keys is found and prefetched. The
 // pool's K/V are fp32 or bf16 (KV, a template argument of the paths); a block's rows are widened to fp32
-// as they are gathered into scratch, so scores, softmax and accumulation are fp32 either way.
+// as they are loaded, so scores, softmax and accumulation are fp32 either way.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,8 +52,8 @@ struct Scratch {
   float* acc;  // [vectors, head_dim]: running sums of p * V
   float* row_max;  // [vectors]: running max of the scores (log2 units)
   float* row_sum;  // [vectors]: running sum of exp2(score - max)
-  float* keys;  // [block keys, head_dim] (or transposed): the block's K rows of one kv head
-  float* values;  // [block keys, head_dim]: the same for V, contiguous
+  float* keys;  // [head_dim, block keys]: the tiled path's K rows of one kv head, transposed
+  float* values;  // [block keys, head_dim]: the tiled path's V rows of that head, contiguous
   float* scores;  // [vectors, block keys]: one block's scores, then its softmax weights
 };
 

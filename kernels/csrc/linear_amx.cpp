@@ -12,6 +12,10 @@
 // store straight into the output where they cover only its rows and columns. On the 2-core Xeon with AMX:
 // 219 GMAC/s on one core at 64 rows, the fp32 panels 79 (figures: docs/precision.md).
 //
+// linear_amx_silu_mul is the gated MLP's gate/up projection and its SiLU x up in one pass: a unit pairs
+// gate's column block j with up's block j, and its sums become SiLU(gate) x up in the thread's scratch, so
+// the [rows, 2 x intermediate] product is never written to memory nor read back by silu_mul.
+//
 // The activations are rounded to bf16 once per call into tile order (round_to_tiles), padded to whole tiles
 // of 16 rows with zeros, so a row is computed the same way, in the same order, alone or in any batch: its
 // result is the same bits. Tiles hold 16 rows, so a decode step of fewer rows computes zero rows too; its
@@ -32,6 +36,7 @@
 #include "bf16_pairs.h"
 #include "linear_panels.h"
 #include "ops.h"
+#include "silu.h"
 #include "vec_wide.h"
 
 #if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -174,49 +179,85 @@ void add_bias(const float* bias, int64_t rows, int64_t columns, float* y, int64_
   }
 }
 
-// y = x @ the panels, + bias where `bias` is given (padded to whole panels).
-void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y,
-                    int64_t out_features) {
-  const int64_t rows = x.size(0), pairs = packed.size(1);
+// The 16 columns of column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it.
+const Bf16Pair* column_block(const Bf16Pair* panels, int64_t pairs, int64_t b) {
+  return panels + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
+}
+
+// fn(u, row, unit_rows, x_unit, x_block, sums) for every unit u in [0, units) and every run of up to
+// kUnitRows rows of x from `row`: x rounded once into tiles (x_unit the run's first tile, its second row
+// block x_block pairs further), passes of kAmxRowsPerPass rows, each pass's units shared by the threads,
+// each unit taking the pass's runs in order (its weights stay in cache); `sums` is the thread's scratch
+// of kUnitRows x kUnitColumns floats, and the tile config is loaded around the calls.
+template <typename Fn>
+void for_units(const at::Tensor& x, int64_t pairs, int64_t units, Fn&& fn) {
+  const int64_t rows = x.size(0);
   const int64_t padded_rows = (rows + kTileRows16 - 1) / kTileRows16 * kTileRows16;
   const at::Tensor x_rounded = round_to_tiles(x, pairs, padded_rows);  // [padded_rows / 16, pairs / 16, 16, 16]
   const Bf16Pair* x_tiles = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
-  const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
-  float* y_ptr = y.data_ptr<float>();
   const int64_t x_block = pairs * kTileRows16;  // pairs of a row block's tiles
-  const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
-  const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
-  // Column block b: panel b / kPanelBlocks, 16-column offset b % kPanelBlocks in it.
-  auto block_weights = [&](int64_t b) {
-    return w_ptr + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
-  };
   const TileConfig config = full_tiles();
   for (int64_t first = 0; first < rows; first += kAmxRowsPerPass) {
-    const int64_t pass_rows = std::min(kAmxRowsPerPass, rows - first);
+    const int64_t pass_end = std::min(first + kAmxRowsPerPass, rows);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
       _tile_loadconfig(&config);  // the tile state is a thread's own
       alignas(64) float sums[kUnitRows * kUnitColumns];
       for (int64_t u = begin; u < end; ++u) {
-        const int64_t b0 = u * kUnitSide;
-        const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
-        const Bf16Pair* const blocks[kUnitSide] = {block_weights(b0),
-                                                   col_blocks == 2 ? block_weights(b0 + 1) : nullptr};
-        const int64_t unit_columns = std::min<int64_t>(kUnitColumns, out_features - b0 * kBlockColumns);
-        for (int64_t m = 0; m < pass_rows; m += kUnitRows) {
-          const int64_t unit_rows = std::min<int64_t>(kUnitRows, pass_rows - m);
-          const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
-          float* out = y_ptr + (first + m) * out_features + b0 * kBlockColumns;
-          // The tiles store into y where they cover only its rows and columns, else through `sums`.
-          const bool whole = unit_rows == row_blocks * kTileRows16 && unit_columns == col_blocks * kBlockColumns;
-          unit_sums(row_blocks, col_blocks, x_tiles + (first + m) / kTileRows16 * x_block, x_block, blocks, pairs,
-                    whole ? out : sums, whole ? out_features : kUnitColumns);
-          if (!whole) copy_rows(sums, unit_rows, unit_columns, out, out_features);
-          if (bias != nullptr) add_bias(bias + b0 * kBlockColumns, unit_rows, unit_columns, out, out_features);
+        for (int64_t row = first; row < pass_end; row += kUnitRows) {
+          fn(u, row, std::min<int64_t>(kUnitRows, pass_end - row), x_tiles + row / kTileRows16 * x_block, x_block,
+             sums);
         }
       }
       _tile_release();  // a switched-out thread then saves no tile state
     });
   }
+}
+
+// y = x @ the panels, + bias where `bias` is given (padded to whole panels): a unit is two neighbouring
+// column blocks, its sums stored straight into y where they cover only y's rows and columns.
+void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y,
+                    int64_t out_features) {
+  const int64_t pairs = packed.size(1);
+  const Bf16Pair* panels = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
+  float* y_ptr = y.data_ptr<float>();
+  const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
+  const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
+  for_units(x, pairs, units, [&](int64_t u, int64_t row, int64_t unit_rows, const Bf16Pair* x_unit, int64_t x_block,
+                                 float* sums) {
+    const int64_t b0 = u * kUnitSide;
+    const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
+    const Bf16Pair* const blocks[kUnitSide] = {column_block(panels, pairs, b0),
+                                               col_blocks == 2 ? column_block(panels, pairs, b0 + 1) : nullptr};
+    const int64_t unit_columns = std::min<int64_t>(kUnitColumns, out_features - b0 * kBlockColumns);
+    const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
+    float* out = y_ptr + row * out_features + b0 * kBlockColumns;
+    const bool whole = unit_rows == row_blocks * kTileRows16 && unit_columns == col_blocks * kBlockColumns;
+    unit_sums(row_blocks, col_blocks, x_unit, x_block, blocks, pairs, whole ? out : sums,
+              whole ? out_features : kUnitColumns);
+    if (!whole) copy_rows(sums, unit_rows, unit_columns, out, out_features);
+    if (bias != nullptr) add_bias(bias + b0 * kBlockColumns, unit_rows, unit_columns, out, out_features);
+  });
+}
+
+// act = silu(x @ gate^T) * (x @ up^T), the panels holding gate's `intermediate` columns then up's: a unit is
+// gate's column block j beside up's block j, its sums (rows of 16 gate then 16 up columns) through `sums`
+// into act's columns of block j, so the gate/up product is never stored.
+void run_amx_silu_mul(const at::Tensor& x, const at::Tensor& packed, at::Tensor& act, int64_t intermediate) {
+  const int64_t pairs = packed.size(1);
+  const Bf16Pair* panels = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
+  float* act_ptr = act.data_ptr<float>();
+  const int64_t gate_blocks = intermediate / kBlockColumns;
+  for_units(x, pairs, gate_blocks, [&](int64_t j, int64_t row, int64_t unit_rows, const Bf16Pair* x_unit,
+                                       int64_t x_block, float* sums) {
+    const Bf16Pair* const blocks[kUnitSide] = {column_block(panels, pairs, j),
+                                               column_block(panels, pairs, gate_blocks + j)};
+    unit_sums(unit_rows > kTileRows16 ? 2 : 1, 2, x_unit, x_block, blocks, pairs, sums, kUnitColumns);
+    for (int64_t r = 0; r < unit_rows; ++r) {
+      const float* sums_row = sums + r * kUnitColumns;
+      silu_mul_row(sums_row, sums_row + kBlockColumns, act_ptr + (row + r) * intermediate + j * kBlockColumns,
+                   kBlockColumns);
+    }
+  });
 }
 
 #endif  // LORAPLEX_AMX
@@ -232,12 +273,20 @@ bool linear_amx_available() {
 #endif
 }
 
+namespace {
+
+void check_amx(const char* op) {
+  TORCH_CHECK_VALUE(linear_amx_available(), op,
+                    ": the native kernels have no AMX tiles here (the CPU lacks amx_bf16, Linux refused the tile "
+                    "state, or the library is built for another target); use linear_dot or the k-major panels "
+                    "of pack_linear_weight");
+}
+
+}  // namespace
+
 at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features) {
-  TORCH_CHECK_VALUE(linear_amx_available(),
-                    "linear_amx: the native kernels have no AMX tiles here (the CPU lacks amx_bf16, Linux "
-                    "refused the tile state, or the library is built for another target); use linear_dot or "
-                    "the k-major panels of pack_linear_weight");
+  check_amx("linear_amx");
   check_pair_panels("linear_amx", x, packed, bias, out_features);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
   if (x.size(0) == 0) return y;
@@ -246,6 +295,20 @@ at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::
   run_amx_panels(x, packed, bias.has_value() ? dense_bias.data_ptr<float>() : nullptr, y, out_features);
 #endif
   return y;
+}
+
+at::Tensor linear_amx_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  check_amx("linear_amx_silu_mul");
+  TORCH_CHECK_VALUE(intermediate > 0 && intermediate % 16 == 0,
+                    "linear_amx_silu_mul: intermediate must be a positive multiple of 16 (whole column blocks), "
+                    "got ", intermediate);
+  check_pair_panels("linear_amx_silu_mul", x, packed, std::nullopt, 2 * intermediate);
+  at::Tensor act = at::empty({x.size(0), intermediate}, x.options());  // [num_rows, intermediate]
+  if (x.size(0) == 0) return act;
+#if LORAPLEX_AMX
+  run_amx_silu_mul(x, packed, act, intermediate);
+#endif
+  return act;
 }
 
 }  // namespace loraplex

@@ -63,6 +63,10 @@ bool linear_amx_available();
 at::Tensor linear_amx(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features);
 
+// silu(bf16(x) @ gate^T) * (bf16(x) @ up^T) on the fused gate_up weight from pack_linear_pairs, on AMX tiles
+// (kernels/linear_dot.py).
+at::Tensor linear_amx_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
+
 // Whether this build runs the AVX512-VNNI int8 panels here (linear_vnni.cpp; kernels/linear_vnni.py).
 bool linear_vnni_available();
 

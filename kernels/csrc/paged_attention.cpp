@@ -11,8 +11,9 @@
 // exp is exp2); causality is a count of live keys per row, so no mask is built. Items are sorted by cost
 // (query vectors x visible keys) and taken from a shared counter by the OpenMP threads, largest first,
 // so a long chunk does not leave a thread idle. The pool's K/V may be fp32 or bf16: bf16 rows are widened
-// to fp32 as a block is gathered into scratch (a shift of each 16-bit lane), so the keys stream half the
-// bytes and every product, the softmax and the accumulators stay fp32. Scoring the bf16 keys in place with
+// to fp32 as they are loaded (a shift of each 16-bit lane; the tiled path into scratch, the row path in
+// registers), so the keys stream half the bytes and every product, the softmax and the accumulators stay
+// fp32. Scoring the bf16 keys in place with
 // AVX512-BF16's vdpbf16ps instead (q rounded to bf16 once per item) measured the same on the Xeon (one
 // thread, 16 decode rows: 17.8 / 69.5 / 138.4 ms a 30-layer step at 256 / 1,024 / 2,048 tokens, against
 // 17.2 / 69.1 / 138.8 widening): a decode step is bound by memory, so the widening, exact on the bf16

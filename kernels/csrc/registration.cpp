@@ -30,6 +30,7 @@ TORCH_LIBRARY(loraplex, m) {
         &loraplex::linear_dot);
   m.def("linear_amx_available() -> bool", &loraplex::linear_amx_available);
   m.def("linear_amx(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor", &loraplex::linear_amx);
+  m.def("linear_amx_silu_mul(Tensor x, Tensor packed, int intermediate) -> Tensor", &loraplex::linear_amx_silu_mul);
   m.def("linear_vnni_available() -> bool", &loraplex::linear_vnni_available);
   m.def("pack_linear_quads(Tensor weight) -> Tensor[]", &loraplex::pack_linear_quads);
   m.def(

@@ -3,27 +3,16 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include <cmath>
+#include <algorithm>
 
 #include "ops.h"
-#include "vec8.h"
+#include "silu.h"
 
 namespace loraplex {
 namespace {
 
 // Elements per parallel chunk: ~25 us of exp and divide on one core, well above waking the second thread.
 constexpr int64_t kMinElemsPerTask = 32768;
-
-void silu_mul_row(const float* gate, const float* up, float* out, int64_t width) {
-  const int64_t vec_end = width - width % kLanes;
-  const F8 one = splat8(1.0f);
-  for (int64_t i = 0; i < vec_end; i += kLanes) {
-    const F8 g = load8(gate + i);
-    const F8 silu = div8(g, add8(one, exp8(sub8(zero8(), g))));  // g / (1 + e^-g), as torch's silu
-    store8(out + i, mul8(silu, load8(up + i)));
-  }
-  for (int64_t i = vec_end; i < width; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
 
 }  // namespace
 

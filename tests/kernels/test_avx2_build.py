@@ -22,6 +22,7 @@ NATIVE_TESTS = [
     "tests/kernels/test_linear_packed_native.py",
     "tests/kernels/test_linear_dot_native.py",
     "tests/kernels/test_linear_vnni_native.py",
+    "tests/kernels/test_linear_silu_mul_native.py",
     "tests/kernels/test_argmax_rows_native.py",
 ]
 
