@@ -25,7 +25,7 @@ from kernels.argmax_rows import argmax_rows
 from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.backend import KernelBackend
 from kernels.kv_write import kv_row_index
-from kernels.linear import WIDEN, LinearWeight, linear
+from kernels.linear import WIDEN, LinearWeight, linear, linear_silu_mul
 from kernels.lora_metadata import build_sgmv_metadata
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
@@ -98,25 +98,38 @@ def run_op_check(op: str, device: torch.device, dtype: torch.dtype, backend: Ker
     """Run ``op`` (a name in OPS) with ``backend`` on ``device`` in ``dtype`` against its torch implementation."""
     target = _Target(device, dtype, backend, torch.Generator().manual_seed(SEED))
     pairs = OPS[op](target)
-    error = max(_scaled_error(actual, expected) for actual, expected in pairs)
+    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
     return OpCheck(op, error, TOLERANCES[dtype])
 
 
 def run_weight_format_check(
     weight_format: str, activation_dtype: torch.dtype, backend: KernelBackend, bf16_gemm: str = WIDEN
 ) -> OpCheck:
-    """A projection on ``weight_format`` ("bfloat16" or "int8") weights as the engine prepares them for
-    ``backend`` on the CPU (on ``bf16_gemm``'s native panels), inputs in ``activation_dtype``, against
-    ``F.linear`` on the float32 weights."""
+    """A projection, and the gated MLP's gate/up projection with SiLU·mul (fused where the GEMM fuses them),
+    on ``weight_format`` ("bfloat16" or "int8") weights as the engine prepares them for ``backend`` on the
+    CPU (on ``bf16_gemm``'s native panels), inputs in ``activation_dtype``, against ``F.linear`` on the
+    float32 weights: the larger error of the two."""
     gen = torch.Generator().manual_seed(SEED)
     x = torch.randn(9, 96, generator=gen)  # [tokens, in]
     weight, bias = torch.randn(100, 96, generator=gen) / 10, torch.randn(100, generator=gen)  # [out, in], [out]
+    gate_up = torch.randn(2 * 48, 96, generator=gen) / 10  # [2 * intermediate, in]: whole AMX column blocks
     quantization = "int8" if weight_format == "int8" else None
-    stored = weight.to(torch.bfloat16 if weight_format == "bfloat16" else activation_dtype)
-    prepared = LinearWeight.prepare(stored, bias.to(activation_dtype), backend, quantization, bf16_gemm)
-    actual = linear(x.to(activation_dtype), prepared)  # [tokens, out]
+    stored_dtype = torch.bfloat16 if weight_format == "bfloat16" else activation_dtype
+
+    def prepare(w: torch.Tensor, b: torch.Tensor | None) -> LinearWeight:
+        return LinearWeight.prepare(w.to(stored_dtype), b, backend, quantization, bf16_gemm)
+
+    xa = x.to(activation_dtype)
+    projection = linear(xa, prepare(weight, bias.to(activation_dtype)))  # [tokens, out]
+    activation = linear_silu_mul(xa, prepare(gate_up, None), backend)  # [tokens, intermediate]
+    error = _largest(
+        [
+            _scaled_error(projection, F.linear(x, weight, bias)),
+            _scaled_error(activation, silu_mul_torch(F.linear(x, gate_up))),
+        ]
+    )
     tolerance = max(WEIGHT_FORMAT_TOLERANCES[weight_format], TOLERANCES[activation_dtype])
-    return OpCheck(f"linear_{weight_format}", _scaled_error(actual, F.linear(x, weight, bias)), tolerance)
+    return OpCheck(f"linear_{weight_format}", error, tolerance)
 
 
 def run_kv_format_check(kv_format: str, backend: KernelBackend) -> OpCheck:
@@ -124,7 +137,7 @@ def run_kv_format_check(kv_format: str, backend: KernelBackend) -> OpCheck:
     on the CPU in float32 activations, against both on float32 pages holding the unrounded K/V."""
     target = _pool_target(kv_format, backend)
     pairs = _paged_attention(target) + _rope_kv_write(target)
-    error = max(_scaled_error(actual, expected) for actual, expected in pairs)
+    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
     return OpCheck(f"kv_{kv_format}", error, KV_FORMAT_TOLERANCES[kv_format])
 
 
@@ -132,7 +145,7 @@ def run_adapter_format_check(adapter_format: str, backend: KernelBackend) -> OpC
     """The fused SGMV over ``adapter_format`` ("bfloat16") adapter rows in the pool, with ``backend`` on the
     CPU in float32 activations, against the torch op over float32 rows holding the unrounded adapters."""
     pairs = _sgmv_fused(_pool_target(adapter_format, backend))
-    error = max(_scaled_error(actual, expected) for actual, expected in pairs)
+    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
     return OpCheck(f"adapters_{adapter_format}", error, ADAPTER_FORMAT_TOLERANCES[adapter_format])
 
 
@@ -140,6 +153,11 @@ def _pool_target(pool_format: str, backend: KernelBackend) -> _Target:
     """float32 activations on the CPU beside a pool in ``pool_format``, seeded as every check is."""
     generator = torch.Generator().manual_seed(SEED)
     return _Target(torch.device("cpu"), torch.float32, backend, generator, getattr(torch, pool_format))
+
+
+def _largest(errors: list[float]) -> float:
+    """The largest error; NaN if any is NaN (``max`` would keep whichever came first)."""
+    return math.nan if any(math.isnan(error) for error in errors) else max(errors)
 
 
 def _scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

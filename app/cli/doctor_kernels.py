@@ -27,9 +27,9 @@ from kernels.op_checks import (
 
 
 def check_weight_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:
-    """A projection on bf16 and on int8 weights, as a CPU engine would run it (with the native kernels, on
-    each of the format's GEMMs that runs here, since an engine times them at load and keeps the faster),
-    against float32 weights: the largest error of them."""
+    """A projection and the gate/up projection with SiLU·mul on bf16 and on int8 weights, as a CPU engine
+    would run them (with the native kernels, on each of the format's GEMMs that runs here, since an engine
+    times them at load and keeps the faster), against float32 weights: the largest error of them."""
     formats = tuple(WEIGHT_FORMAT_TOLERANCES)
     if device.type != "cpu" or backend is None:
         reason = "the engine runs on CUDA: bf16 is its dtype there and int8 weights are CPU only"
@@ -46,7 +46,8 @@ def check_weight_formats(device: torch.device, backend: KernelBackend | None) ->
         formats,
         lambda name: _worst([run_weight_format_check(name, activations, backend, gemm) for gemm in gemms[name]]),
         lambda name, check: (
-            f"linear on {name} weights, {dtype_name(activations)} activations ({kernels(name)}): max error "
+            f"linear and gate/up + SiLU·mul on {name} weights, {dtype_name(activations)} activations "
+            f"({kernels(name)}): max error "
             f"{check.max_error:.1e} against float32 weights (tolerance {check.tolerance:.0e})"
         ),
     )
