@@ -31,8 +31,21 @@ import torch
 import torch.nn.functional as F
 
 from kernels.backend import KernelBackend
-from kernels.linear_dot import amx_available, linear_amx, linear_amx_silu_mul, linear_dot, pack_linear_pairs
-from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
+from kernels.linear_dot import (
+    amx_available,
+    linear_amx,
+    linear_amx_silu_mul,
+    linear_dot,
+    linear_dot_silu_mul,
+    pack_linear_pairs,
+)
+from kernels.linear_packed import (
+    linear_packed,
+    linear_packed_silu_mul,
+    linear_panel_width,
+    native_linear_preferred,
+    pack_linear_weight,
+)
 from kernels.linear_vnni import linear_vnni, pack_linear_quads
 from kernels.silu_mul import silu_mul
 
@@ -167,9 +180,11 @@ def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
 def linear_silu_mul(x: torch.Tensor, gate_up: LinearWeight, backend: KernelBackend) -> torch.Tensor:
     """``silu_mul(linear(x, gate_up), backend)``, in one pass where the weight's GEMM fuses them.
 
-    The AMX GEMM computes gate's and up's columns of each block side by side and applies SiLU x up to its
-    sums before they leave the thread (kernels/linear_dot.py's linear_amx_silu_mul: the same bits as the two
-    ops); the other layouts, a bias, or an intermediate size not a multiple of 16 run the two ops.
+    The native panel GEMMs (k-major panels of fp32, bf16 or int8 weights; bf16 pair panels on vdpbf16ps or
+    AMX tiles) compute gate's and up's columns of each panel or block side by side and apply SiLU x up to
+    their sums before they leave the thread, the same bits as the two ops; the other layouts, a bias, or an
+    intermediate size not whole panels (48 columns with AVX-512, 24 with AVX2; AMX blocks of 16) run the two
+    ops.
 
     Args:
         x: [num_tokens, in_features], as :func:`linear` takes it.
@@ -178,9 +193,24 @@ def linear_silu_mul(x: torch.Tensor, gate_up: LinearWeight, backend: KernelBacke
         [num_tokens, intermediate] in x's dtype.
     """
     intermediate = gate_up.out_features // 2
-    if gate_up.layout is WeightLayout.NATIVE_AMX and gate_up.bias is None and intermediate % AMX_BLOCK_COLUMNS == 0:
+    columns = _fused_gate_up_columns(gate_up.layout)
+    if gate_up.bias is not None or columns is None or intermediate % columns != 0:
+        return silu_mul(linear(x, gate_up), backend)
+    if gate_up.layout is WeightLayout.NATIVE_AMX:
         return linear_amx_silu_mul(x, gate_up.weight, intermediate)
-    return silu_mul(linear(x, gate_up), backend)
+    if gate_up.layout is WeightLayout.NATIVE_DOT:
+        return linear_dot_silu_mul(x, gate_up.weight, intermediate)
+    return linear_packed_silu_mul(x, gate_up.weight, intermediate, gate_up.scales)
+
+
+def _fused_gate_up_columns(layout: WeightLayout) -> int | None:
+    """Output columns a fused gate/up pass takes at a time on ``layout`` (the intermediate size must be a
+    multiple of them), or None where the layout's GEMM has no fused pass."""
+    if layout is WeightLayout.NATIVE_AMX:
+        return AMX_BLOCK_COLUMNS
+    if layout in (WeightLayout.NATIVE, WeightLayout.NATIVE_DOT):
+        return linear_panel_width()
+    return None
 
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:

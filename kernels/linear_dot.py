@@ -77,6 +77,20 @@ def linear_dot(
     return require_native_ops().linear_dot(x, packed, bias, out_features)  # [num_rows, out_features]
 
 
+def linear_dot_silu_mul(x: torch.Tensor, packed: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """The gated MLP's gate/up projection and SiLU x up in one pass on vdpbf16ps; ValueError where
+    :func:`dot_available` is false.
+
+    Args and returns as :func:`linear_amx_silu_mul`'s, with ``intermediate`` a multiple of the panel width
+    (48).
+
+    Semantics:
+        g, u = linear_dot(x, packed, None, 2 * intermediate).split(intermediate, dim=1)
+        out = g / (1 + exp(-g)) * u     (the same bits as silu_mul's native op on that product)
+    """
+    return require_native_ops().linear_dot_silu_mul(x, packed, intermediate)  # [num_rows, intermediate]
+
+
 def linear_amx(
     x: torch.Tensor,
     packed: torch.Tensor,

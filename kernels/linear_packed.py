@@ -64,6 +64,32 @@ def linear_packed(
     return require_native_ops().linear_packed(x, packed, bias, out_features, scales)  # [num_rows, out_features]
 
 
+def linear_packed_silu_mul(
+    x: torch.Tensor, packed: torch.Tensor, intermediate: int, scales: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The gated MLP's gate/up projection and SiLU x up in one pass on the panels of :func:`pack_linear_weight`.
+
+    Args:
+        x: [num_rows, in_features] float32 on the CPU, rows contiguous.
+        packed: the packed fused gate/up weight [2 * intermediate, in_features], gate's rows first.
+        intermediate: a multiple of the panel width (``linear_panel_width()``: 48 with AVX-512, 24 with AVX2).
+        scales: [2 * intermediate] float32 with int8 panels (and only then).
+    Returns:
+        [num_rows, intermediate] float32.
+
+    Semantics:
+        g, u = linear_packed(x, packed, None, 2 * intermediate, scales).split(intermediate, dim=1)
+        out = g / (1 + exp(-g)) * u     (the same bits as silu_mul's native op on that product)
+    """
+    return require_native_ops().linear_packed_silu_mul(x, packed, intermediate, scales)  # [num_rows, intermediate]
+
+
+@functools.cache
+def linear_panel_width() -> int:
+    """Output columns of a native panel: 48 where the library is built with AVX-512, 24 with AVX2."""
+    return require_native_ops().linear_panel_width()
+
+
 @functools.cache
 def native_linear_preferred() -> bool:
     """Whether the native library is built here with the panels measured faster than oneDNN (AVX-512)."""

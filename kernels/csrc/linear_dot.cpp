@@ -21,6 +21,7 @@
 // Each output is one chain along k in order, whatever the number of rows: a row's result is the same bits
 // alone or in any batch. Only an AVX-512 build with AVX512-BF16 (-march of a CPU that has it) compiles the
 // tile; elsewhere linear_dot_available() is false and the engine keeps the k-major panels.
+// linear_dot_silu_mul runs a fused gate/up weight's panels in pairs with SiLU x up in scratch (panel_passes.h).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -35,6 +36,7 @@
 #include "bf16_pairs.h"
 #include "linear_panels.h"
 #include "ops.h"
+#include "panel_passes.h"
 #include "vec_wide.h"
 
 #if LORAPLEX_AVX512 && defined(__AVX512BF16__)
@@ -116,25 +118,25 @@ void dot_panel_rows(const Bf16Pair* x, int64_t x_stride, int64_t rows, const Pai
   }
 }
 
+// out = x @ the panels + bias, or SiLU(gate) x up of a fused gate/up weight (silu_intermediate > 0), as
+// linear_packed.cpp's run_panels.
 void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
-                     at::Tensor& y, int64_t out_features) {
+                     float* out, int64_t out_features, int64_t silu_intermediate) {
   const int64_t rows = x.size(0), panels = packed.size(0), pairs = packed.size(1);
   const at::Tensor x_rounded = round_to_pairs(x, pairs);  // [rows, pairs]
   const Bf16Pair* x_pairs = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const Bf16Pair* w_ptr = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
-  float* y_ptr = y.data_ptr<float>();
   const int64_t panel_lanes = pairs * kPanelWidth;
-  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
-    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const PairPanel panel{w_ptr + p * panel_lanes, bias + p * bias_step,
-                              p + 1 < end ? w_ptr + (p + 1) * panel_lanes : nullptr, pairs,
-                              std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-        dot_panel_rows(x_pairs + first * pairs, pairs, pass_rows, panel,
-                       y_ptr + first * out_features + p * kPanelWidth, out_features);
-      }
-    });
+  auto compute = [&](int64_t p, int64_t next, int64_t pass_rows, int64_t first, float* y, int64_t y_stride) {
+    const PairPanel panel{w_ptr + p * panel_lanes, bias + p * bias_step,
+                          next >= 0 ? w_ptr + next * panel_lanes : nullptr, pairs,
+                          std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+    dot_panel_rows(x_pairs + first * pairs, pairs, pass_rows, panel, y, y_stride);
+  };
+  if (silu_intermediate > 0) {
+    run_gate_up_silu(rows, silu_intermediate, out, compute);
+  } else {
+    run_panels_into(rows, panels, out_features, out, compute);
   }
 }
 
@@ -163,20 +165,42 @@ at::Tensor pack_linear_pairs(const at::Tensor& weight) {
   return packed;
 }
 
+namespace {
+
+void check_dot(const char* op) {
+  TORCH_CHECK_VALUE(linear_dot_available(), op,
+                    ": the native kernels have no AVX512-BF16 dot products here (the CPU lacks avx512_bf16, or "
+                    "the library is built for another target); use the k-major panels of pack_linear_weight");
+}
+
+}  // namespace
+
 at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features) {
-  TORCH_CHECK_VALUE(linear_dot_available(),
-                    "linear_dot: the native kernels have no AVX512-BF16 dot products here (the CPU lacks "
-                    "avx512_bf16, or the library is built for another target); use the k-major panels of "
-                    "pack_linear_weight");
+  check_dot("linear_dot");
   check_pair_panels("linear_dot", x, packed, bias, out_features);
   at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
   if (x.size(0) == 0) return y;
 #if LORAPLEX_BF16_DOT
   const PanelBias panel_biases = panel_bias(bias, packed.size(0), x);  // every tile reads kPanelWidth values
-  run_pair_panels(x, packed, panel_biases.values, panel_biases.stride, y, out_features);
+  run_pair_panels(x, packed, panel_biases.values, panel_biases.stride, y.data_ptr<float>(), out_features, 0);
 #endif
   return y;
+}
+
+at::Tensor linear_dot_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  check_dot("linear_dot_silu_mul");
+  TORCH_CHECK_VALUE(intermediate > 0 && intermediate % kPanelWidth == 0,
+                    "linear_dot_silu_mul: intermediate must be a positive multiple of the panel width ", kPanelWidth,
+                    ", got ", intermediate);
+  check_pair_panels("linear_dot_silu_mul", x, packed, std::nullopt, 2 * intermediate);
+  at::Tensor act = at::empty({x.size(0), intermediate}, x.options());  // [num_rows, intermediate]
+  if (x.size(0) == 0) return act;
+#if LORAPLEX_BF16_DOT
+  const PanelBias no_bias = panel_bias(std::nullopt, packed.size(0), x);
+  run_pair_panels(x, packed, no_bias.values, no_bias.stride, act.data_ptr<float>(), 2 * intermediate, intermediate);
+#endif
+  return act;
 }
 
 }  // namespace loraplex

@@ -4,7 +4,8 @@
 // packed[p][k][c] = weight[p * kPanelWidth + c][k], zero past N. A tile of kTileRows input rows and one
 // panel keeps 3 x kTileRows vector accumulators in registers (24 on AVX-512: 8 rows x 48 columns); each
 // step along k loads one panel row (three vectors), broadcasts one input value per row, and runs
-// 3 x kTileRows FMAs, so no horizontal sums and no re-reading of the output.
+// 3 x kTileRows FMAs, so no horizontal sums and no re-reading of the output. linear_packed_silu_mul runs a
+// fused gate/up weight's panels in pairs and applies SiLU x up in scratch (panel_passes.h).
 //
 // Why not oneDNN's packed GEMM at decode sizes: it streams a panel's weights in from memory, then
 // computes, one after the other (the engine's projections at 64 rows with the weights cold took 67 ms:
@@ -40,6 +41,7 @@
 #include "bf16.h"
 #include "linear_panels.h"
 #include "ops.h"
+#include "panel_passes.h"
 #include "vec_wide.h"
 
 namespace loraplex {
@@ -149,26 +151,26 @@ void pack_panels(const W* src, W* dst, int64_t out_features, int64_t in_features
   });
 }
 
+// out = x @ the panels + bias (out [rows, out_features]), or with silu_intermediate > 0 the panels being a
+// fused gate/up weight, out [rows, silu_intermediate] = SiLU(gate) x up (panel_passes.h).
 template <typename W>
 void run_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias, int64_t bias_step,
-                const float* scales, at::Tensor& y, int64_t out_features) {
+                const float* scales, float* out, int64_t out_features, int64_t silu_intermediate) {
   const int64_t rows = x.size(0), in_features = x.size(1), panels = packed.size(0);
   const float* x_ptr = x.data_ptr<float>();
   const W* w_ptr = packed.data_ptr<W>();
-  float* y_ptr = y.data_ptr<float>();
   const int64_t x_stride = x.stride(0), panel_elems = in_features * kPanelWidth;
-  for (int64_t first = 0; first < rows; first += kRowsPerPass) {
-    const int64_t pass_rows = std::min(kRowsPerPass, rows - first);
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t p = begin; p < end; ++p) {
-        const Panel<W> panel{w_ptr + p * panel_elems, bias + p * bias_step,
-                             scales != nullptr ? scales + p * kPanelWidth : nullptr,
-                             p + 1 < end ? w_ptr + (p + 1) * panel_elems : nullptr, in_features,
-                             std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
-        panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y_ptr + first * out_features + p * kPanelWidth,
-                   out_features);
-      }
-    });
+  auto compute = [&](int64_t p, int64_t next, int64_t pass_rows, int64_t first, float* y, int64_t y_stride) {
+    const Panel<W> panel{w_ptr + p * panel_elems, bias + p * bias_step,
+                         scales != nullptr ? scales + p * kPanelWidth : nullptr,
+                         next >= 0 ? w_ptr + next * panel_elems : nullptr, in_features,
+                         std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
+    panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y, y_stride);
+  };
+  if (silu_intermediate > 0) {
+    run_gate_up_silu(rows, silu_intermediate, out, compute);
+  } else {
+    run_panels_into(rows, panels, out_features, out, compute);
   }
 }
 
@@ -201,40 +203,68 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out_features, const std::optional<at::Tensor>& scales) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
-                    "linear_packed: x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
+namespace {
+
+void check_packed(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1, op,
+                    ": x must be a float32 CPU tensor [num_rows, in_features] with contiguous rows");
   TORCH_CHECK_VALUE(packed.dim() == 3 && is_weight_format(packed.scalar_type()) && packed.is_contiguous() &&
                         packed.size(2) == kPanelWidth,
-                    "linear_packed: packed must come from pack_linear_weight of this build (panels of ",
-                    kPanelWidth, " columns), got ", packed.sizes());
-  const int64_t rows = x.size(0), in_features = x.size(1), panels = packed.size(0);
-  TORCH_CHECK_VALUE(packed.size(1) == in_features, "linear_packed: x has ", in_features,
-                    " features, the weight takes ", packed.size(1));
-  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth,
-                    "linear_packed: out_features ", out_features, " does not match ", panels, " panels");
-  const bool int8 = packed.scalar_type() == at::kChar;
-  check_bias_and_scales("linear_packed", bias, scales, int8, out_features);
-  // Bias and scales padded to whole panels, so every tile reads kPanelWidth values.
+                    op, ": packed must come from pack_linear_weight of this build (panels of ", kPanelWidth,
+                    " columns), got ", packed.sizes());
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK_VALUE(packed.size(1) == x.size(1), op, ": x has ", x.size(1), " features, the weight takes ",
+                    packed.size(1));
+  TORCH_CHECK_VALUE(out_features > (panels - 1) * kPanelWidth && out_features <= panels * kPanelWidth, op,
+                    ": out_features ", out_features, " does not match ", panels, " panels");
+}
+
+// out = the call's product on the weight's type (bias and scales padded to whole panels, so every tile reads
+// kPanelWidth values); silu_intermediate as run_panels takes it.
+void dispatch_panels(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& scales, at::Tensor& out, int64_t out_features,
+                     int64_t silu_intermediate) {
+  const int64_t panels = packed.size(0);
   const PanelBias panel_biases = panel_bias(bias, panels, x);
   const at::Tensor scale_panels = pad_to_panels(scales, panels, x);
-  at::Tensor y = at::empty({rows, out_features}, x.options());  // [num_rows, out_features]
-  if (rows == 0) return y;
   const float* b_ptr = panel_biases.values;
   const int64_t b_step = panel_biases.stride;
-  const float* s_ptr = int8 ? scale_panels.data_ptr<float>() : nullptr;
+  const float* s_ptr = packed.scalar_type() == at::kChar ? scale_panels.data_ptr<float>() : nullptr;
+  float* out_ptr = out.data_ptr<float>();
   switch (packed.scalar_type()) {
     case at::kBFloat16:
-      run_panels<c10::BFloat16>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
+      run_panels<c10::BFloat16>(x, packed, b_ptr, b_step, s_ptr, out_ptr, out_features, silu_intermediate);
       break;
     case at::kChar:
-      run_panels<int8_t>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
+      run_panels<int8_t>(x, packed, b_ptr, b_step, s_ptr, out_ptr, out_features, silu_intermediate);
       break;
     default:
-      run_panels<float>(x, packed, b_ptr, b_step, s_ptr, y, out_features);
+      run_panels<float>(x, packed, b_ptr, b_step, s_ptr, out_ptr, out_features, silu_intermediate);
   }
+}
+
+}  // namespace
+
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t out_features, const std::optional<at::Tensor>& scales) {
+  check_packed("linear_packed", x, packed, out_features);
+  check_bias_and_scales("linear_packed", bias, scales, packed.scalar_type() == at::kChar, out_features);
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());  // [num_rows, out_features]
+  if (x.size(0) > 0) dispatch_panels(x, packed, bias, scales, y, out_features, 0);
   return y;
+}
+
+at::Tensor linear_packed_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate,
+                                  const std::optional<at::Tensor>& scales) {
+  TORCH_CHECK_VALUE(intermediate > 0 && intermediate % kPanelWidth == 0,
+                    "linear_packed_silu_mul: intermediate must be a positive multiple of the panel width ",
+                    kPanelWidth, ", got ", intermediate);
+  check_packed("linear_packed_silu_mul", x, packed, 2 * intermediate);
+  check_bias_and_scales("linear_packed_silu_mul", std::nullopt, scales, packed.scalar_type() == at::kChar,
+                        2 * intermediate);
+  at::Tensor act = at::empty({x.size(0), intermediate}, x.options());  // [num_rows, intermediate]
+  if (x.size(0) > 0) dispatch_panels(x, packed, std::nullopt, scales, act, 2 * intermediate, intermediate);
+  return act;
 }
 
 }  // namespace loraplex

@@ -45,6 +45,11 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t out_features, const std::optional<at::Tensor>& scales);
 
+// silu(x @ gate^T) * (x @ up^T) on the fused gate_up weight from pack_linear_weight; int8 panels take
+// per-column scales (kernels/linear_packed.py).
+at::Tensor linear_packed_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate,
+                                  const std::optional<at::Tensor>& scales);
+
 // Whether this build runs the AVX512-BF16 dot-product panels here (linear_dot.cpp; kernels/linear_dot.py).
 bool linear_dot_available();
 
@@ -55,6 +60,10 @@ at::Tensor pack_linear_pairs(const at::Tensor& weight);
 // bf16(x) @ weight^T + bias on a weight from pack_linear_pairs, on vdpbf16ps (kernels/linear_dot.py).
 at::Tensor linear_dot(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                       int64_t out_features);
+
+// silu(bf16(x) @ gate^T) * (bf16(x) @ up^T) on the fused gate_up weight from pack_linear_pairs, on vdpbf16ps
+// (kernels/linear_dot.py).
+at::Tensor linear_dot_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
 
 // Whether this build runs AMX tiles on the pair panels here (linear_amx.cpp; kernels/linear_dot.py).
 bool linear_amx_available();

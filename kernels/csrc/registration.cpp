@@ -24,10 +24,13 @@ TORCH_LIBRARY(loraplex, m) {
   m.def("pack_linear_weight(Tensor weight) -> Tensor", &loraplex::pack_linear_weight);
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? scales=None) -> Tensor",
         &loraplex::linear_packed);
+  m.def("linear_packed_silu_mul(Tensor x, Tensor packed, int intermediate, Tensor? scales=None) -> Tensor",
+        &loraplex::linear_packed_silu_mul);
   m.def("linear_dot_available() -> bool", &loraplex::linear_dot_available);
   m.def("pack_linear_pairs(Tensor weight) -> Tensor", &loraplex::pack_linear_pairs);
   m.def("linear_dot(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor",
         &loraplex::linear_dot);
+  m.def("linear_dot_silu_mul(Tensor x, Tensor packed, int intermediate) -> Tensor", &loraplex::linear_dot_silu_mul);
   m.def("linear_amx_available() -> bool", &loraplex::linear_amx_available);
   m.def("linear_amx(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor", &loraplex::linear_amx);
   m.def("linear_amx_silu_mul(Tensor x, Tensor packed, int intermediate) -> Tensor", &loraplex::linear_amx_silu_mul);
