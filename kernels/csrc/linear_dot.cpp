@@ -133,11 +133,7 @@ void run_pair_panels(const at::Tensor& x, const at::Tensor& packed, const float*
                           std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
     dot_panel_rows(x_pairs + first * pairs, pairs, pass_rows, panel, y, y_stride);
   };
-  if (silu_intermediate > 0) {
-    run_gate_up_silu(rows, silu_intermediate, out, compute);
-  } else {
-    run_panels_into(rows, panels, out_features, out, compute);
-  }
+  run_panel_passes(rows, panels, out_features, silu_intermediate, out, compute);
 }
 
 #endif  // LORAPLEX_BF16_DOT

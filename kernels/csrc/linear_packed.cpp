@@ -167,11 +167,7 @@ void run_panels(const at::Tensor& x, const at::Tensor& packed, const float* bias
                          std::min<int64_t>(kPanelWidth, out_features - p * kPanelWidth)};
     panel_rows(x_ptr + first * x_stride, x_stride, pass_rows, panel, y, y_stride);
   };
-  if (silu_intermediate > 0) {
-    run_gate_up_silu(rows, silu_intermediate, out, compute);
-  } else {
-    run_panels_into(rows, panels, out_features, out, compute);
-  }
+  run_panel_passes(rows, panels, out_features, silu_intermediate, out, compute);
 }
 
 bool is_weight_format(at::ScalarType type) {

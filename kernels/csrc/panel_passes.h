@@ -57,4 +57,16 @@ void run_gate_up_silu(int64_t rows, int64_t intermediate, float* act, Compute&& 
   }
 }
 
+// out = every panel's columns (silu_intermediate 0), or SiLU(gate) x up of a fused gate/up weight whose
+// intermediate size is silu_intermediate: the one walk both panel GEMMs take.
+template <typename Compute>
+void run_panel_passes(int64_t rows, int64_t panels, int64_t out_features, int64_t silu_intermediate, float* out,
+                      Compute&& compute) {
+  if (silu_intermediate > 0) {
+    run_gate_up_silu(rows, silu_intermediate, out, compute);
+  } else {
+    run_panels_into(rows, panels, out_features, out, compute);
+  }
+}
+
 }  // namespace loraplex
