@@ -13,8 +13,7 @@ Only a library built with AVX-512 for a CPU with AVX512-BF16 has it (:func:`dot_
 AMX-BF16 (Intel Sapphire Rapids and later) :func:`linear_amx` multiplies the same panels on the tile unit,
 16 rows by 32 k by 16 columns an instruction: about three times the fp32 panels' speed at a full decode
 batch where measured (docs/precision.md), so there the engine's bf16 "dot" GEMM is AMX's
-(:func:`amx_available`). int8 weights
-have their own dot-product panels (kernels/linear_vnni.py).
+(:func:`amx_available`). int8 weights have their own dot-product panels (kernels/linear_vnni.py).
 """
 
 import torch
