@@ -1,6 +1,7 @@
 """The native GEMMs of bf16 and int8 weights side by side: k-major panels widened to fp32 against the
 dot-product panels (bf16: AVX512-BF16's, and AMX tiles on the same panels; int8: AVX512-VNNI's), on the
-model's projection shapes. A format whose instructions this CPU (or build) lacks is left out.
+model's projection shapes, with oneDNN's packed bf16 linear on bf16 activations (what torch and vLLM-CPU run)
+as the peer. A format whose instructions this CPU (or build) lacks is left out.
 
 One pass is every projection of ``--layers`` layers of the model (q/k/v, o, gate/up, down: the default
 model's 960x576, 576x576, 3072x576, 576x1536) on ``rows`` rows, with random weights of those shapes in each
@@ -41,6 +42,7 @@ logger = logging.getLogger("bench_linear_cpu")
 
 FORMATS = {  # name: (weight dtype, quantization, GEMM, layout: the bf16 pair panels' GEMM named, else None)
     "fp32": (torch.float32, None, WIDEN, None),
+    "bf16_onednn": (torch.bfloat16, None, WIDEN, WeightLayout.ONEDNN),  # oneDNN's packed bf16 linear, bf16 input
     "bf16_widen": (torch.bfloat16, None, WIDEN, None),
     "bf16_dot": (torch.bfloat16, None, DOT, WeightLayout.NATIVE_DOT),  # vdpbf16ps
     "bf16_amx": (torch.bfloat16, None, DOT, WeightLayout.NATIVE_AMX),
@@ -68,8 +70,9 @@ def prepare(name: str, shapes: list[tuple[int, int]], num_layers: int, seed: int
     for _ in range(num_layers):
         for out_features, in_features in shapes:
             weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5  # [out, in]
-            prepared = LinearWeight.prepare(weight.to(dtype), None, KernelBackend.NATIVE, quantization, gemm)
-            if layout is not None:  # the same pair panels on the GEMM named, whichever the engine would pick
+            backend = KernelBackend.TORCH if layout is WeightLayout.ONEDNN else KernelBackend.NATIVE
+            prepared = LinearWeight.prepare(weight.to(dtype), None, backend, quantization, gemm)
+            if layout in (WeightLayout.NATIVE_DOT, WeightLayout.NATIVE_AMX):  # the pair panels on the GEMM named
                 prepared = dataclasses.replace(prepared, layout=layout)
             weights.append((in_features, prepared))
     return weights
@@ -89,10 +92,11 @@ def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
         for rows in args.rows:
             gen = torch.Generator().manual_seed(args.seed + rows)
             by_features = {k: torch.randn(rows, k, generator=gen) for k in {k for _, k in shapes}}  # [rows, k]
+            inputs = {name: {k: x.to(input_dtype(name)) for k, x in by_features.items()} for name in names}
             walls: dict[tuple[str, bool], list[float]] = {(name, n): [] for name in names for n in settings_of_noise}
             cpus: dict[tuple[str, bool], list[float]] = {key: [] for key in walls}
             for name in names:  # warm: pages touched, scratch sized
-                run_pass(formats[name], by_features)
+                run_pass(formats[name], inputs[name])
             for round_index in range(args.rounds):
                 order = names if round_index % 2 == 0 else names[::-1]
                 for noisy in settings_of_noise if round_index % 2 == 0 else settings_of_noise[::-1]:
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
                         noise.switch(noisy)
                         time.sleep(0.1)  # the noise process has woken (or gone quiet)
                     for name in order:
-                        wall, cpu = run_pass(formats[name], by_features)
+                        wall, cpu = run_pass(formats[name], inputs[name])
                         walls[name, noisy].append(wall)
                         cpus[name, noisy].append(cpu)
             if noise is not None:
@@ -119,6 +123,11 @@ def run(args: argparse.Namespace, noise: CpuNoise | None) -> dict:
                 ", ".join(f"{name} {result[f'{name}_rows{rows}_threads{threads}_ms']:.2f} ms" for name in names),
             )
     return result
+
+
+def input_dtype(name: str) -> torch.dtype:
+    """The activations' dtype of format ``name``: bf16 for oneDNN's bf16 linear, fp32 for the native GEMMs."""
+    return torch.bfloat16 if FORMATS[name][3] is WeightLayout.ONEDNN else torch.float32
 
 
 def run_pass(weights: list[tuple[int, LinearWeight]], by_features: dict[int, torch.Tensor]) -> tuple[float, float]:

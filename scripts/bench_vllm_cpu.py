@@ -23,6 +23,11 @@ speed over the run touches both alike; at the HTTP level the servers' order reve
 and each figure is the median of its rounds. With both levels and vLLM, ``*_http_vs_engine_*`` say what
 each engine keeps of its engine-level rate through its server.
 
+``--without-amx`` runs both engines as on a CPU with AVX512-BF16 and VNNI but no AMX tiles (AMD Zen 4):
+loraplex's kernels built for that instruction set (``LORAPLEX_NATIVE_MARCH=cooperlake``), oneDNN (torch's
+and vLLM's) capped at ``AVX512_CORE_BF16``, and vLLM's own AMX kernels off (``vllm_without_amx/``). On a CPU
+with AMX it estimates what the two engines do on one without; the instructions' speeds are this CPU's.
+
     python scripts/bench_vllm_cpu.py --json        # last line: one JSON object (both levels: ~25 min here)
     python scripts/bench_vllm_cpu.py --level http --http-engines process,thread --repeats 3 --json
 """
@@ -41,13 +46,14 @@ from pathlib import Path
 
 from bench_http_level import on_loraplex, on_vllm, run_case
 from bench_lora import write_synthetic_adapter
-from vllm_cpu_env import VllmEnv, ensure_vllm_env
+from vllm_cpu_env import WITHOUT_AMX_ENV, VllmEnv, ensure_vllm_env
 
 from app.model_store import resolve_model
 from app.settings import ENGINE_KINDS, Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.lora_config import PROJECTIONS
+from kernels.native_cpu import MARCH_ENV, cpu_flags
 
 DEFAULT_HTTP_ENGINES = ("process", "thread")  # the two engines of one machine, side by side
 logger = logging.getLogger("bench_vllm_cpu")
@@ -56,6 +62,11 @@ RANK = 8
 ADAPTER_COUNTS = (1, 8, 16)
 WORKER = Path(__file__).with_name("vllm_cpu_worker.py")
 LEVELS = ("engine", "http", "both")
+WITHOUT_AMX = {  # both engines as on a CPU with AVX512-BF16 and VNNI and no AMX tiles
+    MARCH_ENV: "cooperlake",  # loraplex's kernels: AVX-512 with BF16 and VNNI, no AMX
+    "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",  # oneDNN's GEMMs, torch's and vLLM's alike
+    WITHOUT_AMX_ENV: "1",  # vLLM's own AMX kernels off (vllm_cpu_env.py)
+}
 
 
 def make_workload(
@@ -233,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-vllm", action="store_true", help="HTTP level: loraplex's servers only, no ratios")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both engines' dtype")
+    parser.add_argument("--without-amx", action="store_true", help="both engines as on a CPU without AMX tiles")
     args = parser.parse_args(argv)
+    if args.without_amx and any(os.environ.get(name) != value for name, value in WITHOUT_AMX.items()):
+        if "avx512_bf16" not in cpu_flags().split():
+            parser.error("--without-amx needs a CPU with AVX512-BF16 (avx512_bf16 in /proc/cpuinfo)")
+        os.environ.update(WITHOUT_AMX)  # read by oneDNN and the native build as they start: run afresh
+        os.execv(sys.executable, [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)])
     if args.repeats < 1 or args.num_requests < 1 or args.max_tokens < 1:
         parser.error("--repeats, --num-requests and --max-tokens must be at least 1")
     if not args.http_engines or not set(args.http_engines) <= set(ENGINE_KINDS):
@@ -267,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_round(cases, rates, round_, args.repeats)
         http_round(servers, rates, round_, args.repeats)
     median = {name: statistics.median(values) for name, values in rates.items()}
-    result = _figures(median, rates)
+    result = _figures(median, rates) | {"without_amx": args.without_amx}
     if engine:
         result |= engine_ratios(median)
     if http:

