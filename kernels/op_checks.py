@@ -9,7 +9,8 @@ tensor in place is judged on that tensor too); it passes within the dtype's tole
 small but take each kernel's interesting paths: grouped-query heads, decode rows beside a prefill chunk of
 at least 16 rows (the tiled Triton kernel), contexts straddling pages, adapters of two ranks beside
 base-model rows, two modules in one SGMV launch, a projection whose last weight panel is partial, a tie
-and a maximum in the last lane for the argmax.
+and a maximum in the last lane for the argmax. The storage formats (bf16 and int8 weights, bf16 pages) against
+float32 are :mod:`kernels.format_checks`.
 """
 
 import itertools
@@ -25,7 +26,7 @@ from kernels.argmax_rows import argmax_rows
 from kernels.attention_metadata import PagedAttentionMetadata
 from kernels.backend import KernelBackend
 from kernels.kv_write import kv_row_index
-from kernels.linear import WIDEN, LinearWeight, linear, linear_silu_mul
+from kernels.linear import LinearWeight, linear
 from kernels.lora_metadata import build_sgmv_metadata
 from kernels.paged_attention import paged_attention
 from kernels.paged_attention_torch import paged_attention_torch
@@ -37,18 +38,6 @@ from kernels.silu_mul import silu_mul, silu_mul_torch
 
 # Scaled error allowed per dtype: float32 leaves summation order; bf16 and fp16 round every output.
 TOLERANCES = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-# A projection on bf16 or int8 weights against the same projection on the float32 weights: the weights'
-# rounding (bf16 keeps 8 bits of mantissa, int8 steps of 1/127 of a row's largest magnitude), on unit-scale
-# inputs and weights of 1/10 (measured on the Xeon: 1.2e-3 and 4.4e-3).
-WEIGHT_FORMAT_TOLERANCES = {"bfloat16": 1e-2, "int8": 3e-2}
-# Attention over bf16 K/V pages and the K/V write into them, against both on float32 pages: the K/V's
-# rounding to bf16 (a written value is off by at most 2^-9 of itself) on unit-scale inputs (measured on the
-# Xeon: 2.5e-3 for the write, 2.7e-3 for attention; an attention 1 % off measures 7.3e-3).
-KV_FORMAT_TOLERANCES = {"bfloat16": 5e-3}
-# The fused SGMV over bf16 adapter rows in the pool, against the same over the unrounded float32 rows: the
-# rows' rounding (each element off by at most 2^-9 of itself) on unit-scale x, v and y (measured on the Xeon:
-# 1.8e-3; the op's output 1 % off measures 7.7e-3, its delta alone 1 % off 6.5e-3).
-ADAPTER_FORMAT_TOLERANCES = {"bfloat16": 5e-3}
 DELTA_SCALE = 0.25  # the SGMV check's LoRA deltas against its y: about N(0, 1/16) beside N(0, 1)
 SEED = 0  # fixed, so two runs of the doctor compare the same numbers
 NUM_LAYERS = 2
@@ -69,7 +58,7 @@ class OpCheck:
 
 
 @dataclass(frozen=True, slots=True)
-class _Target:
+class CheckTarget:
     device: torch.device
     dtype: torch.dtype
     backend: KernelBackend
@@ -96,79 +85,32 @@ class _Target:
 
 def run_op_check(op: str, device: torch.device, dtype: torch.dtype, backend: KernelBackend) -> OpCheck:
     """Run ``op`` (a name in OPS) with ``backend`` on ``device`` in ``dtype`` against its torch implementation."""
-    target = _Target(device, dtype, backend, torch.Generator().manual_seed(SEED))
+    target = CheckTarget(device, dtype, backend, torch.Generator().manual_seed(SEED))
     pairs = OPS[op](target)
-    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
+    error = pairs_error(pairs)
     return OpCheck(op, error, TOLERANCES[dtype])
-
-
-def run_weight_format_check(
-    weight_format: str, activation_dtype: torch.dtype, backend: KernelBackend, bf16_gemm: str = WIDEN
-) -> OpCheck:
-    """A projection, and the gated MLP's gate/up projection with SiLU·mul (fused where the GEMM fuses them),
-    on ``weight_format`` ("bfloat16" or "int8") weights as the engine prepares them for ``backend`` on the
-    CPU (on ``bf16_gemm``'s native panels), inputs in ``activation_dtype``, against ``F.linear`` on the
-    float32 weights: the larger error of the two."""
-    gen = torch.Generator().manual_seed(SEED)
-    x = torch.randn(9, 96, generator=gen)  # [tokens, in]
-    weight, bias = torch.randn(100, 96, generator=gen) / 10, torch.randn(100, generator=gen)  # [out, in], [out]
-    gate_up = torch.randn(2 * 48, 96, generator=gen) / 10  # [2 * intermediate, in]: whole AMX column blocks
-    quantization = "int8" if weight_format == "int8" else None
-    stored_dtype = torch.bfloat16 if weight_format == "bfloat16" else activation_dtype
-
-    def prepare(w: torch.Tensor, b: torch.Tensor | None) -> LinearWeight:
-        return LinearWeight.prepare(w.to(stored_dtype), b, backend, quantization, bf16_gemm)
-
-    xa = x.to(activation_dtype)
-    projection = linear(xa, prepare(weight, bias.to(activation_dtype)))  # [tokens, out]
-    activation = linear_silu_mul(xa, prepare(gate_up, None), backend)  # [tokens, intermediate]
-    error = _largest(
-        [
-            _scaled_error(projection, F.linear(x, weight, bias)),
-            _scaled_error(activation, silu_mul_torch(F.linear(x, gate_up))),
-        ]
-    )
-    tolerance = max(WEIGHT_FORMAT_TOLERANCES[weight_format], TOLERANCES[activation_dtype])
-    return OpCheck(f"linear_{weight_format}", error, tolerance)
-
-
-def run_kv_format_check(kv_format: str, backend: KernelBackend) -> OpCheck:
-    """Paged attention over ``kv_format`` ("bfloat16") K/V pages and the K/V write into them, with ``backend``
-    on the CPU in float32 activations, against both on float32 pages holding the unrounded K/V."""
-    target = _pool_target(kv_format, backend)
-    pairs = _paged_attention(target) + _rope_kv_write(target)
-    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
-    return OpCheck(f"kv_{kv_format}", error, KV_FORMAT_TOLERANCES[kv_format])
-
-
-def run_adapter_format_check(adapter_format: str, backend: KernelBackend) -> OpCheck:
-    """The fused SGMV over ``adapter_format`` ("bfloat16") adapter rows in the pool, with ``backend`` on the
-    CPU in float32 activations, against the torch op over float32 rows holding the unrounded adapters."""
-    pairs = _sgmv_fused(_pool_target(adapter_format, backend))
-    error = _largest([_scaled_error(actual, expected) for actual, expected in pairs])
-    return OpCheck(f"adapters_{adapter_format}", error, ADAPTER_FORMAT_TOLERANCES[adapter_format])
-
-
-def _pool_target(pool_format: str, backend: KernelBackend) -> _Target:
-    """float32 activations on the CPU beside a pool in ``pool_format``, seeded as every check is."""
-    generator = torch.Generator().manual_seed(SEED)
-    return _Target(torch.device("cpu"), torch.float32, backend, generator, getattr(torch, pool_format))
-
-
-def _largest(errors: list[float]) -> float:
-    """The largest error; NaN if any is NaN (``max`` would keep whichever came first)."""
-    return math.nan if any(math.isnan(error) for error in errors) else max(errors)
-
-
-def _scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.detach().to("cpu", torch.float64) - expected.double()).abs()  # like expected
-    return float((diff / (1.0 + expected.double().abs())).max())
 
 
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]  # (the op's output, the reference's)
 
 
-def _paged_attention(t: _Target) -> Pairs:
+def largest_error(errors: list[float]) -> float:
+    """The largest error; NaN if any is NaN (``max`` would keep whichever came first)."""
+    return math.nan if any(math.isnan(error) for error in errors) else max(errors)
+
+
+def scaled_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest ``|actual - expected| / (1 + |expected|)``, in float64 on the CPU."""
+    diff = (actual.detach().to("cpu", torch.float64) - expected.double()).abs()  # like expected
+    return float((diff / (1.0 + expected.double().abs())).max())
+
+
+def pairs_error(pairs: Pairs) -> float:
+    """The largest scaled error over every (output, reference) pair."""
+    return largest_error([scaled_error(actual, expected) for actual, expected in pairs])
+
+
+def _paged_attention(t: CheckTarget) -> Pairs:
     num_kv_heads, group, head_dim = 2, 3, 64
     seqs = [(1, 17), (1, 40), (20, 37)]  # (query rows, context): two decode rows, a 20-row chunk mid-context
     blocks = [math.ceil(seq_len / BLOCK_SIZE) for _, seq_len in seqs]
@@ -208,7 +150,7 @@ def _paged_attention(t: _Target) -> Pairs:
     return [(out, paged_attention_torch(q, layer_view(storage), meta, scale))]
 
 
-def _sgmv_fused(t: _Target) -> Pairs:
+def _sgmv_fused(t: CheckTarget) -> Pairs:
     in_dim, out_dims, page_elems = 64, (48, 80), 256
     ranks = (4, 8)  # two adapters, each targeting both modules of the group
     # Each row's length and scale: A rows 1/sqrt(in_dim), so v is about N(0, 1), and Bᵀ rows
@@ -250,7 +192,7 @@ def _sgmv_fused(t: _Target) -> Pairs:
     return [(out, y)]
 
 
-def _add_rms_norm(t: _Target) -> Pairs:
+def _add_rms_norm(t: CheckTarget) -> Pairs:
     x, residual, weight = t.randn(7, 96), t.randn(7, 96), t.randn(96)  # [tokens, hidden] x2, [hidden]
     stream = t.put(x)
     out = add_rms_norm(stream, t.put(residual), t.put(weight), EPS, t.backend)
@@ -258,7 +200,7 @@ def _add_rms_norm(t: _Target) -> Pairs:
     return [(out, expected), (stream, x)]
 
 
-def _rope_kv_write(t: _Target) -> Pairs:
+def _rope_kv_write(t: CheckTarget) -> Pairs:
     num_heads, num_kv_heads, head_dim, block_size, num_tokens = 4, 2, 16, 4, 5
     qkv = t.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim)  # [tokens, (heads + 2 kvh) * d]
     angles = torch.rand(num_tokens, head_dim // 2, generator=t.gen) * 6.0  # [tokens, d / 2]
@@ -284,18 +226,18 @@ def _rope_kv_write(t: _Target) -> Pairs:
     return [(device_qkv, qkv), (device_storage, storage)]
 
 
-def _silu_mul(t: _Target) -> Pairs:
+def _silu_mul(t: CheckTarget) -> Pairs:
     gate_up = t.randn(9, 2 * 40)  # [tokens, 2 * intermediate]
     return [(silu_mul(t.put(gate_up), t.backend), silu_mul_torch(gate_up))]
 
 
-def _linear(t: _Target) -> Pairs:
+def _linear(t: CheckTarget) -> Pairs:
     x, weight, bias = t.randn(9, 96), t.randn(100, 96) / 10, t.randn(100)  # [tokens, in], [out, in], [out]
     prepared = LinearWeight.prepare(t.put(weight), t.put(bias), t.backend)  # 100: a partial last panel
     return [(linear(t.put(x), prepared), F.linear(x, weight, bias))]
 
 
-def _argmax_rows(t: _Target) -> Pairs:
+def _argmax_rows(t: CheckTarget) -> Pairs:
     logits = t.randn(5, 1000)  # [rows, vocab]; 1000: a tail past the last full vector
     logits[1, 999] = 100.0  # the maximum in the last lane
     logits[2, [3, 700]] = 100.0  # a tie: the first index wins
@@ -303,7 +245,7 @@ def _argmax_rows(t: _Target) -> Pairs:
     return [(same.double(), torch.ones(len(same), dtype=torch.float64))]  # a wrong index: error 0.5
 
 
-OPS: dict[str, Callable[[_Target], Pairs]] = {
+OPS: dict[str, Callable[[CheckTarget], Pairs]] = {
     "paged_attention": _paged_attention,
     "sgmv_fused": _sgmv_fused,
     "add_rms_norm": _add_rms_norm,

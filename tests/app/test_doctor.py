@@ -3,6 +3,7 @@ the kernel backend, each native op against torch, the CUDA checks skipped one li
 the tiny model; a disagreeing op or a missing model folder exit 1; a default model never pulled is a skip."""
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -13,8 +14,8 @@ import torch
 
 from app.cli.main import cli
 from engine.bf16_gemm import dot_runs
+from kernels import format_checks, op_checks
 from kernels import linear as linear_module
-from kernels import op_checks
 from kernels.backend import KernelBackend
 from kernels.native_cpu import native_ops, unavailable_reason
 from tests.engine.tiny_models import make_tiny_model
@@ -139,6 +140,17 @@ def test_an_op_that_disagrees_with_torch_fails(
     assert lines_by_name(result.stdout)["native add_rms_norm"][0] == "ok"
 
 
+def test_a_nan_in_any_output_fails_the_check_whatever_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max`` over [0.001, nan] keeps 0.001: the largest error must be NaN wherever the NaN comes."""
+    assert math.isnan(op_checks.largest_error([1e-3, math.nan])) and math.isnan(op_checks.largest_error([math.nan, 1]))
+    assert op_checks.largest_error([1e-3, 0.5, 0.2]) == 0.5
+    real = format_checks.linear_silu_mul  # the second of the weight check's two outputs
+    row = torch.tensor([3])
+    monkeypatch.setattr(format_checks, "linear_silu_mul", lambda *args: real(*args).index_fill_(0, row, math.nan))
+    check = format_checks.run_weight_format_check("bfloat16", torch.bfloat16, KernelBackend.TORCH)
+    assert math.isnan(check.max_error) and not check.passed
+
+
 def test_precision_follows_the_settings_and_a_wrong_int8_projection_fails(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,7 +248,7 @@ def test_pool_format_check_measures_the_rounding_and_catches_a_wrong_op(
     if not native_builds:
         pytest.skip(f"the native kernels are not built here: {unavailable_reason()}")
     check_name, op, least_error = POOL_FORMAT_CHECKS[kind]
-    run_check = getattr(op_checks, check_name)
+    run_check = getattr(format_checks, check_name)
     check = run_check("bfloat16", KernelBackend.NATIVE)
     assert check.passed and least_error < check.max_error < check.tolerance, check
     monkeypatch.setattr(op_checks, op, PERTURBED[op](getattr(op_checks, op)))
