@@ -1,8 +1,8 @@
 """The engine's storage formats against float32, as ``loraplex doctor`` checks them on a CPU: a projection (and
 the gate/up projection with SiLU·mul) on bf16 and int8 weights, attention and the K/V write on bf16 K/V pages,
 and the SGMV on bf16 adapter rows, each against the same op on float32 values (the unrounded weights, K/V or
-adapter rows) within a tolerance the format's rounding sets. The ops and the error measure are
-:mod:`kernels.op_checks`'.
+adapter rows) within a tolerance the format's rounding sets. The ops and the error measure come
+from :mod:`kernels.op_checks`.
 """
 
 import torch
