@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from litestar import Litestar
@@ -51,5 +52,6 @@ def create_app(
         logging_config=None,
     )
     app.state.console_sessions = ConsoleSessions()
+    app.state.stopping = asyncio.Event()  # set by the server when a stop comes before the gateway has started
     complete_openapi_schema(app.openapi_schema)
     return app

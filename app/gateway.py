@@ -51,6 +51,10 @@ logger = logging.getLogger(__name__)
 USAGE_SPILL_FILE = "usage-spill.jsonl"  # usage the database could not take at shutdown; replayed at start
 
 
+class StartupStopped(Exception):
+    """A stop (SIGTERM or Ctrl-C) came while the engine was starting: the gateway stops instead of serving."""
+
+
 def make_engine(settings: Settings, database_url: str | None = None) -> EngineClient:
     """The engine client the settings ask for, on the configured model (pulled on first use when it is the default).
 
@@ -94,7 +98,10 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
 
 @asynccontextmanager
 async def run_gateway(
-    settings: Settings, engine: EngineClient | None = None, demo_adapters: dict[str, Path] | None = None
+    settings: Settings,
+    engine: EngineClient | None = None,
+    demo_adapters: dict[str, Path] | None = None,
+    stopping: asyncio.Event | None = None,
 ) -> AsyncIterator[Gateway]:
     """Start the database, the engine and the background writers; stop them all on the way out.
 
@@ -133,7 +140,7 @@ async def run_gateway(
         )
         if engine is None:
             engine = make_engine(settings, url)
-            await engine.start()
+            await _start_unless_stopped(engine, stopping)
             stack.push_async_callback(engine.stop)
         resolver = ModelResolver(database, engine, settings.home)
         adapters = AdapterService(database, engine, resolver, settings)
@@ -186,6 +193,26 @@ async def run_gateway(
         yield gateway
 
 
+async def _start_unless_stopped(engine: EngineClient, stopping: asyncio.Event | None) -> None:
+    """``engine.start()``, given up when ``stopping`` is set first (SIGTERM or Ctrl-C while it starts: a Ray
+    deployment can wait for resources without end): the start is cancelled and StartupStopped raised, so the
+    gateway closes what it opened and the server exits."""
+    start = asyncio.ensure_future(engine.start())
+    if stopping is None:
+        await start
+        return
+    stop = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if start.done():
+        start.result()  # the start's own error, if it failed
+        return
+    logger.warning("a stop was asked for while the engine was starting: not waiting for it")
+    start.cancel()
+    await asyncio.gather(start, return_exceptions=True)  # the client's own clean-up of a start cut short
+    raise StartupStopped("the gateway was stopped while its engine was starting")
+
+
 def _base_style(settings: Settings) -> ChatStyle:
     try:
         return base_chat_style(settings.chat_template, settings.tool_call_format)
@@ -200,7 +227,7 @@ def gateway_lifespan(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        async with run_gateway(settings, engine, demo_adapters) as gateway:
+        async with run_gateway(settings, engine, demo_adapters, app.state.stopping) as gateway:
             app.state.gateway = gateway
             yield
 

@@ -8,6 +8,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from litestar import Litestar
@@ -65,12 +66,29 @@ class GracefulServer(uvicorn.Server):
     ``timeout_graceful_shutdown`` seconds, then cancels what is left, which would cut streams mid-response.
     ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's
     error event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and
-    writes the usage still buffered (or spills it to the data folder when the database is away).
+    writes the usage still buffered (or spills it to the data folder when the database is away). A stop that
+    comes while the gateway is still starting gives its engine's start up (:meth:`handle_exit`).
     """
 
     def __init__(self, config: uvicorn.Config, app: Litestar) -> None:
         super().__init__(config)
         self._app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await super().startup(sockets)
+        except SystemExit:  # uvicorn's exit on a failed start; one given up for a stop ends as a stop does
+            if not self._app.state.stopping.is_set():
+                raise
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's, and before the server has started, the gateway's start given up (``app.state.stopping``):
+        uvicorn alone would wait for the start to end, which a Ray deployment short of resources never does."""
+        super().handle_exit(sig, frame)
+        if not self.started and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._app.state.stopping.set)  # a signal handler: not on the loop
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         engine = getattr(self._app.state, "gateway", None) and self._app.state.gateway.engine

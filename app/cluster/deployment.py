@@ -113,6 +113,7 @@ def deploy_engine(
         },
     )
     app = replica.bind(config, str(home / "adapters"), str(home / REPLICA_CACHE_FOLDER), database_url)
+    logger.info("deploying the engine app %s: %d replica(s) of %s CPUs", ENGINE_APP, settings.num_replicas, cpus)
     try:
         handle = serve.run(app, name=ENGINE_APP, route_prefix=None)
     finally:

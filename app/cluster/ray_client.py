@@ -34,6 +34,7 @@ from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.serve.handle import DeploymentResponse
 
 from app.adapters.store import copy_into_store
+from app.cluster.daemon_thread import in_daemon_thread
 from app.cluster.deployment import EngineDeployment, RaySettings, deploy_engine, shut_down
 from app.cluster.output_inbox import OutputInbox
 from app.cluster.output_wire import RunEnded
@@ -95,10 +96,11 @@ class RayEngineClient(TokenizingClient):
         if self._deployment is not None:
             return
         folder = Path(self.config.model)
+        starts_ray = self.ray_settings.address is None and not ray.is_initialized()  # deploy_engine starts it
         tokenizer = asyncio.ensure_future(asyncio.to_thread(GatewayTokenizer.load, folder))
         try:
             self._model_config = await asyncio.to_thread(ModelConfig.from_folder, folder)
-            self._deployment = await asyncio.to_thread(
+            self._deployment = await in_daemon_thread(
                 deploy_engine, self.config, self.home, self.ray_settings, self.database_url
             )
             self._tokenizer = await tokenizer
@@ -106,6 +108,8 @@ class RayEngineClient(TokenizingClient):
             self._inbox = OutputInbox(host, self.ray_settings.output_port)
         except BaseException:
             await asyncio.gather(tokenizer, return_exceptions=True)
+            if starts_ray and ray.is_initialized():  # a start that failed or was given up takes its Ray down
+                await asyncio.to_thread(ray.shutdown)
             raise
         self.max_model_len = self._model_config.max_model_len
         self.vocab_size = self._model_config.vocab_size
