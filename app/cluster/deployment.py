@@ -72,21 +72,32 @@ class EngineDeployment:
     """This process started Ray, so it shuts Ray down when it stops."""
 
 
+def connect_ray(settings: RaySettings) -> bool:
+    """Connect this process to the cluster at ``settings.address``, or start a single-node Ray when there is
+    none; True when this call started Ray (the gateway then shuts it down when it stops).
+
+    Run it on a thread that lasts as long as Ray (``daemon_thread.LastingThread``): each process Ray starts
+    here dies with the thread that started it. Not on the main thread either, where ``ray.init`` would
+    replace the server's SIGTERM handler with an exit.
+    """
+    configure_ray_environment()  # a no-op when the gateway did it before importing Ray
+    if ray.is_initialized():
+        return False
+    if settings.address is None:  # "local": a new single-node Ray, never someone else's running one
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        return True
+    ray.init(address=settings.address, logging_level=logging.WARNING)
+    return False
+
+
 def deploy_engine(
-    config: EngineConfig, home: Path, settings: RaySettings, database_url: str | None = None
+    config: EngineConfig, home: Path, settings: RaySettings, owns_ray: bool, database_url: str | None = None
 ) -> EngineDeployment:
-    """Connect to Ray (or start it), create the directory, and deploy the engine replicas; blocks until they serve.
+    """Create the directory and deploy the engine replicas on the Ray this process is connected to
+    (``connect_ray``; ``owns_ray``: it started it); blocks until they serve.
 
     ``database_url`` is where the replicas fetch adapters from (``adapter_files``); the store folder second.
     """
-    owns_ray = False
-    configure_ray_environment()  # a no-op when the gateway did it before importing Ray
-    if not ray.is_initialized():
-        if settings.address is None:  # "local": a new single-node Ray, never someone else's running one
-            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
-            owns_ray = True
-        else:
-            ray.init(address=settings.address, logging_level=logging.WARNING)
     directory = EngineDirectory.options(
         name=DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE, get_if_exists=True, lifetime="detached"
     ).remote()

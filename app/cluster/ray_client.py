@@ -34,8 +34,8 @@ from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 from ray.serve.handle import DeploymentResponse
 
 from app.adapters.store import copy_into_store
-from app.cluster.daemon_thread import in_daemon_thread
-from app.cluster.deployment import EngineDeployment, RaySettings, deploy_engine, shut_down
+from app.cluster.daemon_thread import LastingThread, in_daemon_thread
+from app.cluster.deployment import EngineDeployment, RaySettings, connect_ray, deploy_engine, shut_down
 from app.cluster.output_inbox import OutputInbox
 from app.cluster.output_wire import RunEnded
 from app.engine_clients.interface import AdapterInfo
@@ -61,6 +61,7 @@ logger = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _ended = msgspec.msgpack.Decoder(RunEnded)
 _replies = msgspec.msgpack.Decoder(Reply)
+RAY_THREAD = LastingThread("loraplex-ray")  # where this process starts or joins Ray (connect_ray says why)
 
 
 class RayEngineClient(TokenizingClient):
@@ -96,12 +97,13 @@ class RayEngineClient(TokenizingClient):
         if self._deployment is not None:
             return
         folder = Path(self.config.model)
-        starts_ray = self.ray_settings.address is None and not ray.is_initialized()  # deploy_engine starts it
+        starts_ray = self.ray_settings.address is None and not ray.is_initialized()  # connect_ray starts it
         tokenizer = asyncio.ensure_future(asyncio.to_thread(GatewayTokenizer.load, folder))
         try:
             self._model_config = await asyncio.to_thread(ModelConfig.from_folder, folder)
+            owns_ray = await RAY_THREAD.run(connect_ray, self.ray_settings)
             self._deployment = await in_daemon_thread(
-                deploy_engine, self.config, self.home, self.ray_settings, self.database_url
+                deploy_engine, self.config, self.home, self.ray_settings, owns_ray, self.database_url
             )
             self._tokenizer = await tokenizer
             host = await asyncio.to_thread(ray.util.get_node_ip_address)

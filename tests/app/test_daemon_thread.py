@@ -1,5 +1,6 @@
 """in_daemon_thread: a blocking call's result or exception awaited from the loop; a caller that gives up
-leaves a daemon thread that ends on its own and settles nothing."""
+leaves a daemon thread that ends on its own and settles nothing. LastingThread: calls in turn on one daemon
+thread that is still there after them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-from app.cluster.daemon_thread import in_daemon_thread
+from app.cluster.daemon_thread import LastingThread, in_daemon_thread
 
 
 def _fail() -> None:
@@ -52,3 +53,23 @@ def test_a_caller_that_gives_up_leaves_the_call_running_and_is_not_disturbed_by_
 
     asyncio.run(run())
     assert not errors, errors
+
+
+def test_a_lasting_thread_runs_every_call_on_one_daemon_thread_that_outlives_them() -> None:
+    lasting = LastingThread("loraplex-test-lasting")
+    order: list[int] = []
+
+    def record(value: int) -> threading.Thread:
+        order.append(value)
+        return threading.current_thread()
+
+    async def run() -> list[threading.Thread]:
+        with pytest.raises(ValueError, match="no replica fits"):
+            await lasting.run(_fail)
+        return list(await asyncio.gather(*(lasting.run(record, value) for value in range(5))))
+
+    threads = asyncio.run(run())
+    assert order == list(range(5))  # in the order given
+    assert {thread.ident for thread in threads} == {threads[0].ident}
+    assert threads[0].name == "loraplex-test-lasting" and threads[0].daemon
+    assert threads[0].is_alive()  # after its calls, and after the event loop that awaited them closed
