@@ -5,7 +5,8 @@ Starts a fresh ``loraplex serve`` (``load_server.py``, as bench_ray.py does) wit
 on the machine for ``--idle-s`` (``thread_switches.py``), then again over ``--rounds`` rounds of
 bench_vllm_cpu.py's HTTP workload (64 streams x 64 tokens on the base model, after one warm-up round).
 Reports each process's wake-ups a second (voluntary + involuntary switches of all its threads) and the
-busiest thread groups, idle and under load, and the output tok/s of each round.
+busiest thread groups (CPU, switches, and the time their threads waited for a core), idle and under load,
+and the output tok/s of each round.
 
 On a machine whose every core runs the engine's threads, each wake-up of another process takes one of
 them off its core (an involuntary switch of that thread): docs/ray-serve.md#what-a-request-pays-for-ray.

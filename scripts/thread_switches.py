@@ -1,10 +1,12 @@
 """Every thread's CPU time and context switches on this machine, from /proc, and their difference over time.
 
-A snapshot reads, for each thread of each process, its user + system CPU (``/proc/<pid>/task/<tid>/stat``)
-and its voluntary and involuntary context switches (``.../status``). A voluntary switch is a wake-up
-ended by the thread itself (it slept again); an involuntary one is the thread taken off its core for
-another. Threads are grouped by process (named from its command line: a program's file name, a Python
-script's or module's name, or the title a Ray worker gives itself) and thread name.
+A snapshot reads, for each thread of each process, its user + system CPU (``/proc/<pid>/task/<tid>/stat``),
+its voluntary and involuntary context switches (``.../status``) and the time it spent ready to run but
+waiting for a core (``.../schedstat``; zero where the kernel keeps no such count). A voluntary switch is a
+wake-up ended by the thread itself (it slept again); an involuntary one is the thread taken off its core for
+another, and the wait counts how long such threads waited to get a core back. Threads are grouped by
+process (named from its command line: a program's file name, a Python script's or module's name, or the
+title a Ray worker gives itself) and thread name.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class ThreadCounters:
     cpu_s: float
     voluntary: int
     involuntary: int
+    runq_wait_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class GroupRates:
     cpu_percent: float  # of one core
     voluntary_per_s: float
     involuntary_per_s: float
+    runq_wait_percent: float  # ready to run but waiting for a core, of one core's time
 
 
 Snapshot = dict[tuple[int, int], ThreadCounters]
@@ -92,8 +96,21 @@ def _thread(process: str, task: Path) -> ThreadCounters:
         if key.endswith("ctxt_switches"):
             switches[key] = int(value)
     return ThreadCounters(
-        process, name, stat_cpu_s(stat), switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"]
+        process,
+        name,
+        stat_cpu_s(stat),
+        switches["voluntary_ctxt_switches"],
+        switches["nonvoluntary_ctxt_switches"],
+        _runq_wait_s(task),
     )
+
+
+def _runq_wait_s(task: Path) -> float:
+    """Seconds the thread has waited on a run queue (the second field of ``schedstat``, in ns); 0 without it."""
+    try:
+        return int(task.joinpath("schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def rates(before: Snapshot, after: Snapshot, seconds: float) -> list[GroupRates]:
@@ -104,12 +121,20 @@ def rates(before: Snapshot, after: Snapshot, seconds: float) -> list[GroupRates]
         start = before.get(key)
         if start is None:
             continue
-        total = totals.setdefault((end.process, end.thread), [0.0, 0.0, 0.0])
+        total = totals.setdefault((end.process, end.thread), [0.0, 0.0, 0.0, 0.0])
         total[0] += end.cpu_s - start.cpu_s
         total[1] += end.voluntary - start.voluntary
         total[2] += end.involuntary - start.involuntary
+        total[3] += end.runq_wait_s - start.runq_wait_s
     groups = [
-        GroupRates(process, thread, round(100 * cpu / seconds, 2), round(vol / seconds, 1), round(invol / seconds, 1))
-        for (process, thread), (cpu, vol, invol) in totals.items()
+        GroupRates(
+            process,
+            thread,
+            round(100 * cpu / seconds, 2),
+            round(vol / seconds, 1),
+            round(invol / seconds, 1),
+            round(100 * wait / seconds, 2),
+        )
+        for (process, thread), (cpu, vol, invol, wait) in totals.items()
     ]
     return sorted(groups, key=lambda g: (g.cpu_percent, g.voluntary_per_s), reverse=True)
