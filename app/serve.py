@@ -77,11 +77,16 @@ class GracefulServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        given_up = _GivenUpStart(self._app.state.stopping)
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addFilter(given_up)
         try:
             await super().startup(sockets)
         except SystemExit:  # uvicorn's exit on a failed start; one given up for a stop ends as a stop does
             if not self._app.state.stopping.is_set():
                 raise
+        finally:
+            uvicorn_log.removeFilter(given_up)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """uvicorn's, and before the server has started, the gateway's start given up (``app.state.stopping``):
@@ -102,6 +107,18 @@ class GracefulServer(uvicorn.Server):
         finally:
             if timer is not None:
                 timer.cancel()
+
+
+class _GivenUpStart(logging.Filter):
+    """Drops uvicorn's errors about a start the gateway gave up for a stop ("Application startup failed" and
+    the lifespan's traceback of StartupStopped): the gateway's own warning says why it stopped."""
+
+    def __init__(self, stopping: asyncio.Event) -> None:
+        super().__init__()
+        self._stopping = stopping
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not self._stopping.is_set()
 
 
 def run_server(settings: Settings, listener: socket.socket) -> None:

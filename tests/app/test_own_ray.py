@@ -64,7 +64,7 @@ def test_a_gateway_keeps_the_ray_it_started_and_serves_through_it_until_it_stops
             timeout=60.0,
         )
         assert reply.status_code == 200, reply.text
-        assert reply.json()["usage"]["completion_tokens"] == 4
+        assert 1 <= reply.json()["usage"]["completion_tokens"] <= 4  # sampled: it may end early
 
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=EXIT_WAIT_S)
