@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.model_store import resolve_model
@@ -36,7 +37,7 @@ def start_gateway(database_url: str, data_home: Path, tmp_path: Path, **env: str
     return process, log, f"http://127.0.0.1:{port}"
 
 
-def wait_until(process: subprocess.Popen, log: Path, ready: callable, what: str) -> None:
+def wait_until(process: subprocess.Popen, log: Path, ready: Callable[[], bool], what: str) -> None:
     """Poll ``ready()`` until it is true; fails with the log's end if the gateway exits or takes too long."""
     deadline = time.monotonic() + START_WAIT_S
     while not ready():
