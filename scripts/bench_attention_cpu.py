@@ -17,7 +17,10 @@ host is shared, so single rounds are noisy.
 ``--kv`` compares the native op on float32 K/V pages with the same op on bfloat16 pages (bf16 mode's
 pool): a decode step of KV_ROWS rows at each context length of KV_CONTEXTS, both pools holding the same
 values (the fp32 pool rounded), alternated round by round; each length reports both medians, the
-speedup and the largest difference of the outputs.
+speedup and the largest difference of the outputs. Each pool also runs the same step with every
+sequence's blocks on one page (``..._cached_ms``: the same keys' count and arithmetic, the K/V in cache),
+so the step's time splits into what the arithmetic costs and what waiting for memory adds;
+``..._gb_s`` is the K/V bytes a streamed step reads per second of its wall time.
 
     python scripts/bench_attention_cpu.py --json     # last line: one JSON object
     python scripts/bench_attention_cpu.py --kv --json
@@ -155,7 +158,10 @@ def measure_kv(context: int, rounds: int, seed: int) -> dict[str, float]:
     q, storage, meta = make_step([(1, context)] * KV_ROWS, rng)
     pools = {"fp32": storage.to(torch.bfloat16).float(), "bf16": storage.to(torch.bfloat16)}  # the same values
     del storage
+    one_page = torch.full_like(meta.block_tables, int(meta.block_tables[0, 0]))  # [num_seqs, max_blocks]
+    cached_meta = dataclasses.replace(meta, block_tables=one_page)
     times: dict[str, list[float]] = {name: [] for name in pools}
+    cached_times: dict[str, list[float]] = {name: [] for name in pools}
     cpu_times: dict[str, list[float]] = {name: [] for name in pools}
     for pool in pools.values():  # warm-up
         step_ms(q, pool, meta, KernelBackend.NATIVE)
@@ -163,17 +169,23 @@ def measure_kv(context: int, rounds: int, seed: int) -> dict[str, float]:
         for name, pool in pools.items():
             times[name].append(step_ms(q, pool, meta, KernelBackend.NATIVE))
             cpu_times[name].append(step_ms(q, pool, meta, KernelBackend.NATIVE, time.process_time))
+            cached_times[name].append(step_ms(q, pool, cached_meta, KernelBackend.NATIVE))
     outputs = {}
     for name, pool in pools.items():
         kv = pool[:, 0].view(pool.shape[0], 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)  # layer 0
         outputs[name] = paged_attention(q, kv, meta, HEAD_DIM**-0.5, KernelBackend.NATIVE)
     fp32_ms, bf16_ms = statistics.median(times["fp32"]), statistics.median(times["bf16"])
+    kv_values = KV_ROWS * context * NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM  # K and V a step reads
     return {
         "rows": KV_ROWS,
         "context": context,
         "fp32_kv_ms": round(fp32_ms, 2),
         "bf16_kv_ms": round(bf16_ms, 2),
         "speedup": round(fp32_ms / bf16_ms, 2),
+        "fp32_kv_cached_ms": round(statistics.median(cached_times["fp32"]), 2),
+        "bf16_kv_cached_ms": round(statistics.median(cached_times["bf16"]), 2),
+        "fp32_kv_gb_s": round(kv_values * 4 / fp32_ms / 1e6, 1),
+        "bf16_kv_gb_s": round(kv_values * 2 / bf16_ms / 1e6, 1),
         "fp32_kv_cpu_ms": round(statistics.median(cpu_times["fp32"]), 2),
         "bf16_kv_cpu_ms": round(statistics.median(cpu_times["bf16"]), 2),
         "cpu_speedup": round(statistics.median(cpu_times["fp32"]) / statistics.median(cpu_times["bf16"]), 2),
