@@ -112,13 +112,14 @@ class Engine:
         )
         self._ids = itertools.count()
         logger.info(
-            "engine ready: %s on %s with the %s kernels, %d pages of %d tokens (%.0f MiB); %s",
+            "engine ready: %s on %s with the %s kernels, %d pages of %d tokens (%.0f MiB%s); %s",
             folder.name,
             self.device,
             self.kernels.value,
             self.pool.num_pages,
             self.pool.block_size,
             self.pool.storage.numel() * self.pool.storage.element_size() / 2**20,
+            ", advised for huge pages" if self.pool.huge_pages else "",
             self.precision.reason,
         )
 

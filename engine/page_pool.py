@@ -10,6 +10,7 @@ import torch
 
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.errors import ConfigError, PoolExhaustedError
+from engine.host_memory import zeros_on_huge_pages
 from engine.host_to_device import move_to_device
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,12 @@ class PagePool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         page_elems = block_size * 2 * num_kv_heads * head_dim  # P
-        self.storage = torch.zeros(num_pages, num_layers, page_elems, dtype=dtype, device=device)  # [N, L, P]
+        shape = (num_pages, num_layers, page_elems)
+        # huge_pages: whether Linux took the advice to back the CPU pool with huge pages (engine/host_memory.py)
+        if device.type == "cpu":  # [N, L, P]
+            self.storage, self.huge_pages = zeros_on_huge_pages(shape, dtype)
+        else:
+            self.storage, self.huge_pages = torch.zeros(shape, dtype=dtype, device=device), False
         self.pages = [Page(page_id) for page_id in range(num_pages)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self._cached: OrderedDict[int, None] = OrderedDict()  # evictable prefix blocks, oldest first

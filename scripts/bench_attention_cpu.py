@@ -1,8 +1,9 @@
 """CPU cost of paged attention per step: the native op against the torch implementation.
 
 SmolLM2-135M's shapes (9 heads, 3 kv heads, head_dim 64, block_size 16, 30 layers) in a pool laid out
-as the engine's (``[num_pages, num_layers, P]``, each sequence's pages scattered over the pool). Two
-steps, as bench_vllm_cpu.py's workload makes them:
+and allocated as the engine's (``[num_pages, num_layers, P]`` on transparent huge pages where Linux gives
+them, each sequence's pages scattered over the pool). Two steps, as bench_vllm_cpu.py's workload makes
+them:
 
 - decode: 64 rows, contexts drawn from 64 to 200 tokens;
 - prefill: 4 to 8 chunks totalling 512 rows, each chunk the end of a context of up to 2x its length
@@ -36,6 +37,7 @@ import time
 
 import torch
 
+from engine.host_memory import zeros_on_huge_pages
 from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 from kernels.backend import KernelBackend
 from kernels.native_cpu import native_ops, unavailable_reason
@@ -68,7 +70,7 @@ def make_step(
         table[s, :num_blocks] = torch.tensor(page_ids[taken : taken + num_blocks], dtype=torch.int32)
         taken += num_blocks
     page_elems = BLOCK_SIZE * 2 * NUM_KV_HEADS * HEAD_DIM
-    storage = torch.randn(num_pages, NUM_LAYERS, page_elems)  # [num_pages, layers, P]
+    storage = on_huge_pages(torch.randn(num_pages, NUM_LAYERS, page_elems))  # [num_pages, layers, P]
     q_lens = [q_len for q_len, _ in seqs]
     starts = [0]
     for q_len in q_lens:
@@ -88,6 +90,12 @@ def make_step(
         seq_lens_list=tuple(seq_lens),
     )
     return q, storage, meta
+
+
+def on_huge_pages(values: torch.Tensor) -> torch.Tensor:
+    """``values`` in memory allocated as the engine allocates its pool (advised for transparent huge pages)."""
+    pool, _ = zeros_on_huge_pages(tuple(values.shape), values.dtype)
+    return pool.copy_(values)
 
 
 def decode_seqs(rng: random.Random) -> list[tuple[int, int]]:
@@ -156,7 +164,9 @@ def measure_kv(context: int, rounds: int, seed: int) -> dict[str, float]:
     time, and the process's CPU time (steadier where other work shares the cores)."""
     rng = random.Random(seed)
     q, storage, meta = make_step([(1, context)] * KV_ROWS, rng)
-    pools = {"fp32": storage.to(torch.bfloat16).float(), "bf16": storage.to(torch.bfloat16)}  # the same values
+    rounded = storage.to(torch.bfloat16)
+    pools = {"fp32": on_huge_pages(rounded.float()), "bf16": on_huge_pages(rounded)}  # the same values
+    del rounded
     del storage
     one_page = torch.full_like(meta.block_tables, int(meta.block_tables[0, 0]))  # [num_seqs, max_blocks]
     cached_meta = dataclasses.replace(meta, block_tables=one_page)

@@ -1,0 +1,44 @@
+"""The page pool's memory on the CPU: advised for transparent huge pages before its first touch, and zeroed."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.host_memory import HUGE_PAGE_BYTES, zeros_on_huge_pages
+from engine.page_pool import PagePool
+
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if "-" in first and not first.endswith(":"):
+            low, high = (int(bound, 16) for bound in first.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or not THP_SETTING.exists(), reason="needs Linux with transparent huge pages"
+)
+def test_a_cpu_pool_is_advised_for_huge_pages_and_zeroed() -> None:
+    pool = PagePool(
+        512, num_layers=4, block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32, device=torch.device("cpu")
+    )  # 32 MiB: whole huge pages inside
+    assert pool.huge_pages
+    middle = pool.storage.data_ptr() + pool.storage.numel() * pool.storage.element_size() // 2
+    assert "hg" in vm_flags(middle)  # MADV_HUGEPAGE, whatever the system-wide setting
+    assert not pool.storage.any()
+
+
+def test_a_buffer_smaller_than_a_huge_page_is_not_advised() -> None:
+    values, advised = zeros_on_huge_pages((HUGE_PAGE_BYTES // 8,), torch.float32)  # 1 MiB
+    assert not advised
+    assert not values.any()
