@@ -17,7 +17,9 @@ pages on one thread of an Intel Xeon (docs/native-cpu-kernels.md#measurements).
 import ctypes
 import ctypes.util
 import logging
+import re
 import sys
+from pathlib import Path
 
 import torch
 
@@ -29,6 +31,8 @@ MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's upper bound for M_MMAP_THRESH
 TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024  # keep up to 1 GiB of freed heap for reuse
 MADV_HUGEPAGE = 14  # from Linux's <asm-generic/mman-common.h>
 HUGE_PAGE_BYTES = 2 * 1024 * 1024  # x86-64's and arm64's (4 KB granule) transparent huge page
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_MODES_THAT_ADVISE = ("always", "madvise")  # the modes in which MADV_HUGEPAGE gets huge pages
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -52,16 +56,29 @@ def keep_large_buffers_in_heap() -> bool:
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
     """A zeroed CPU tensor of ``shape``, its memory advised for transparent huge pages before the zeros touch
     it (advice given later would only let the kernel's background thread merge pages over time). Returns the
-    tensor and whether Linux took the advice (False off Linux, or where madvise refused it)."""
+    tensor and whether the advice was given (False off Linux, where the mode is "never", or where madvise
+    refused it)."""
     tensor = torch.empty(shape, dtype=dtype)
     advised = advise_huge_pages(tensor)
     tensor.zero_()
     return tensor, advised
 
 
+def transparent_huge_pages_mode() -> str | None:
+    """Linux's transparent huge page mode ("always", "madvise" or "never"); None where there is none."""
+    try:
+        match = re.search(r"\[(\w+)\]", THP_SETTING.read_text())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
 def advise_huge_pages(tensor: torch.Tensor) -> bool:
-    """``madvise(MADV_HUGEPAGE)`` on the whole huge pages inside ``tensor``'s memory (a CPU tensor)."""
-    libc = _libc() if sys.platform == "linux" else None
+    """``madvise(MADV_HUGEPAGE)`` on the whole huge pages inside ``tensor``'s memory (a CPU tensor), where
+    Linux's mode gives huge pages to memory so advised."""
+    if sys.platform != "linux" or transparent_huge_pages_mode() not in THP_MODES_THAT_ADVISE:
+        return False
+    libc = _libc()
     if libc is None:
         return False
     start = tensor.data_ptr()

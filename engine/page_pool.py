@@ -77,7 +77,7 @@ class PagePool:
         self.head_dim = head_dim
         page_elems = block_size * 2 * num_kv_heads * head_dim  # P
         shape = (num_pages, num_layers, page_elems)
-        # huge_pages: whether Linux took the advice to back the CPU pool with huge pages (engine/host_memory.py)
+        # huge_pages: whether the CPU pool was advised for huge pages in a mode that gives them (host_memory.py)
         if device.type == "cpu":  # [N, L, P]
             self.storage, self.huge_pages = zeros_on_huge_pages(shape, dtype)
         else:

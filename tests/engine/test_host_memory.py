@@ -6,10 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.host_memory import HUGE_PAGE_BYTES, zeros_on_huge_pages
+from engine.host_memory import (
+    HUGE_PAGE_BYTES,
+    THP_MODES_THAT_ADVISE,
+    transparent_huge_pages_mode,
+    zeros_on_huge_pages,
+)
 from engine.page_pool import PagePool
-
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def vm_flags(address: int) -> list[str]:
@@ -26,7 +29,8 @@ def vm_flags(address: int) -> list[str]:
 
 
 @pytest.mark.skipif(
-    sys.platform != "linux" or not THP_SETTING.exists(), reason="needs Linux with transparent huge pages"
+    sys.platform != "linux" or transparent_huge_pages_mode() not in THP_MODES_THAT_ADVISE,
+    reason="needs Linux with transparent huge pages in mode always or madvise",
 )
 def test_a_cpu_pool_is_advised_for_huge_pages_and_zeroed() -> None:
     pool = PagePool(
