@@ -7,10 +7,12 @@
 // the panel row as its stride: no second packing. One tdpbf16ps then multiplies 16 activation rows by 32 k
 // steps of 16 columns (8,192 products, fp32 sums), the k-steps in order. A unit of work is 2 row blocks x 2
 // column blocks (the pair of blocks may straddle two panels), so each tile load feeds two multiplies; each
-// thread takes a run of units in order and the hardware's prefetch streams their weights (a software
-// prefetch of the next unit's, spread over the current one's k-steps, measured no faster). The sums tiles
-// store straight into the output where they cover only its rows and columns. On the 2-core Xeon with AMX:
-// 219 GMAC/s on one core at 64 rows, the fp32 panels 79 (figures: docs/precision.md).
+// thread takes a run of units in order. While a unit's first 32 rows load its weights, each k-step also
+// prefetches the same k-step's 32 lines of the thread's next unit into L2, so that unit's tile loads find
+// them there: the tile loads of a k-step wait on one another and on the multiplies before them, which keeps
+// few misses in flight (the decode steps' projections 17 % faster in the engine; figures:
+// docs/native-cpu-kernels.md). The sums tiles store straight into the output where they cover only its rows
+// and columns. On the 2-core Xeon with AMX: 219 GMAC/s on one core at 64 rows, the fp32 panels 79.
 //
 // linear_amx_silu_mul is the gated MLP's gate/up projection and its SiLU x up in one pass: a unit pairs
 // gate's column block j with up's block j, and its sums become SiLU(gate) x up in the thread's scratch, so
@@ -31,7 +33,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "bf16_pairs.h"
 #include "linear_panels.h"
@@ -104,38 +105,51 @@ bool amx_bf16_granted() {
 // x [rows, K] fp32 rounded to bf16 (round_row) in tile order, [padded_rows / 16, pairs / 16, 16 rows, 16 pairs]
 // int32: each tile of 16 rows x 16 pairs one contiguous KB, so a tile load reads 16 consecutive lines
 // (against rows of the whole K: 2-6 % faster over the model's projections); zero past K and past the rows.
+// Each row's 32 values of a k-step are rounded straight into their tile row, the row blocks shared by the
+// threads (a decode step's 64 rows too: one thread alone took ~7 % of a pass's time).
 at::Tensor round_to_tiles(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
   const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0), steps = pairs / kTileRows16;
   at::Tensor out = at::empty({padded_rows / kTileRows16, steps, kTileRows16, kTileRows16}, x.options().dtype(at::kInt));
   Bf16Pair* tiles = reinterpret_cast<Bf16Pair*>(out.data_ptr());
   const float* src = x.data_ptr<float>();
-  at::parallel_for(0, padded_rows, kRowsPerPass, [&](int64_t begin, int64_t end) {
-    std::vector<uint16_t> row(static_cast<size_t>(2 * pairs));  // one row's bf16 values, zero past K
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t written = r < rows ? in_features : 0;
-      if (written > 0) round_row(src + r * stride, row.data(), in_features);
-      std::fill(row.begin() + written, row.end(), uint16_t{0});
-      Bf16Pair* dst = tiles + (r / kTileRows16) * steps * kTileValues + (r % kTileRows16) * kTileRows16;
+  constexpr int64_t kStepValues = 2 * kTileRows16;  // a tile row: 16 pairs
+  at::parallel_for(0, padded_rows / kTileRows16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin * kTileRows16; r < end * kTileRows16; ++r) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(tiles + (r / kTileRows16) * steps * kTileValues +
+                                                  (r % kTileRows16) * kTileRows16);
       for (int64_t s = 0; s < steps; ++s) {
-        std::memcpy(dst + s * kTileValues, row.data() + 2 * s * kTileRows16, kTileBytes);
+        uint16_t* tile_row = dst + s * 2 * kTileValues;
+        const int64_t k = s * kStepValues;
+        const int64_t written = r < rows ? std::clamp<int64_t>(in_features - k, 0, kStepValues) : 0;
+        if (written > 0) round_row(src + r * stride + k, tile_row, written);
+        std::fill(tile_row + written, tile_row + kStepValues, uint16_t{0});
       }
     }
   });
   return out;
 }
 
+// Into L2 (prefetcht1): the 16 lines of k-step kp of a column block (a weight tile's rows, one panel row
+// apart); nothing for a null block.
+inline void prefetch_tile_rows(const Bf16Pair* block, int64_t kp) {
+  if (block == nullptr) return;
+  const char* line = reinterpret_cast<const char*>(block + kp * kPanelWidth);
+  for (int r = 0; r < kTileRows16; ++r) _mm_prefetch(line + r * kPanelRowBytes, _MM_HINT_T1);
+}
+
 // out[RB * 16, CB * 16] (rows `out_stride` floats apart) = x[RB * 16 rows, 2 * pairs] @ the CB column
 // blocks at `blocks`, on the loaded tile config; x the row blocks' first tile (round_to_tiles), the second
 // row block's `x_block` pairs after the first's; pairs a multiple of 16.
 template <int RB, int CB>
-void unit_sums(const Bf16Pair* x, int64_t x_block, const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs,
-               float* out, int64_t out_stride) {
+void unit_sums(const Bf16Pair* x, int64_t x_block, const Bf16Pair* const (&blocks)[kUnitSide],
+               const Bf16Pair* const (&next)[kUnitSide], int64_t pairs, float* out, int64_t out_stride) {
   const Bf16Pair* x1 = x + x_block;
   _tile_zero(0);
   if constexpr (CB == 2) _tile_zero(1);
   if constexpr (RB == 2) _tile_zero(2);
   if constexpr (RB == 2 && CB == 2) _tile_zero(3);
   for (int64_t kp = 0; kp < pairs; kp += kTileRows16) {
+    for (const Bf16Pair* block : next) prefetch_tile_rows(block, kp);
     _tile_loadd(6, blocks[0] + kp * kPanelWidth, kPanelRowBytes);
     if constexpr (CB == 2) _tile_loadd(7, blocks[1] + kp * kPanelWidth, kPanelRowBytes);
     _tile_loadd(4, x + kp * kTileRows16, kTileBytes);
@@ -156,11 +170,12 @@ void unit_sums(const Bf16Pair* x, int64_t x_block, const Bf16Pair* const (&block
 }
 
 void unit_sums(int row_blocks, int column_blocks, const Bf16Pair* x, int64_t x_block,
-               const Bf16Pair* const (&blocks)[kUnitSide], int64_t pairs, float* out, int64_t out_stride) {
-  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_block, blocks, pairs, out, out_stride);
-  if (row_blocks == 2) return unit_sums<2, 1>(x, x_block, blocks, pairs, out, out_stride);
-  if (column_blocks == 2) return unit_sums<1, 2>(x, x_block, blocks, pairs, out, out_stride);
-  unit_sums<1, 1>(x, x_block, blocks, pairs, out, out_stride);
+               const Bf16Pair* const (&blocks)[kUnitSide], const Bf16Pair* const (&next)[kUnitSide], int64_t pairs,
+               float* out, int64_t out_stride) {
+  if (row_blocks == 2 && column_blocks == 2) return unit_sums<2, 2>(x, x_block, blocks, next, pairs, out, out_stride);
+  if (row_blocks == 2) return unit_sums<2, 1>(x, x_block, blocks, next, pairs, out, out_stride);
+  if (column_blocks == 2) return unit_sums<1, 2>(x, x_block, blocks, next, pairs, out, out_stride);
+  unit_sums<1, 1>(x, x_block, blocks, next, pairs, out, out_stride);
 }
 
 // y[0:rows, 0:columns] = sums (rows kUnitColumns floats apart; y rows `y_stride`): a unit whose tiles reach
@@ -184,11 +199,12 @@ const Bf16Pair* column_block(const Bf16Pair* panels, int64_t pairs, int64_t b) {
   return panels + (b / kPanelBlocks) * pairs * kPanelWidth + (b % kPanelBlocks) * kBlockColumns;
 }
 
-// fn(u, row, unit_rows, x_unit, x_block, sums) for every unit u in [0, units) and every run of up to
+// fn(u, next, row, unit_rows, x_unit, x_block, sums) for every unit u in [0, units) and every run of up to
 // kUnitRows rows of x from `row`: x rounded once into tiles (x_unit the run's first tile, its second row
 // block x_block pairs further), passes of kAmxRowsPerPass rows, each pass's units shared by the threads,
-// each unit taking the pass's runs in order (its weights stay in cache); `sums` is the thread's scratch
-// of kUnitRows x kUnitColumns floats, and the tile config is loaded around the calls.
+// each unit taking the pass's runs in order (its weights stay in cache); `next` is the unit whose weights
+// to prefetch meanwhile (the thread's next unit, on a pass's first run only), or -1; `sums` is the
+// thread's scratch of kUnitRows x kUnitColumns floats, and the tile config is loaded around the calls.
 template <typename Fn>
 void for_units(const at::Tensor& x, int64_t pairs, int64_t units, Fn&& fn) {
   const int64_t rows = x.size(0);
@@ -204,8 +220,9 @@ void for_units(const at::Tensor& x, int64_t pairs, int64_t units, Fn&& fn) {
       alignas(64) float sums[kUnitRows * kUnitColumns];
       for (int64_t u = begin; u < end; ++u) {
         for (int64_t row = first; row < pass_end; row += kUnitRows) {
-          fn(u, row, std::min<int64_t>(kUnitRows, pass_end - row), x_tiles + row / kTileRows16 * x_block, x_block,
-             sums);
+          const int64_t next = row == first && u + 1 < end ? u + 1 : -1;
+          fn(u, next, row, std::min<int64_t>(kUnitRows, pass_end - row), x_tiles + row / kTileRows16 * x_block,
+             x_block, sums);
         }
       }
       _tile_release();  // a switched-out thread then saves no tile state
@@ -222,17 +239,19 @@ void run_amx_panels(const at::Tensor& x, const at::Tensor& packed, const float* 
   float* y_ptr = y.data_ptr<float>();
   const int64_t column_blocks = (out_features + kBlockColumns - 1) / kBlockColumns;
   const int64_t units = (column_blocks + kUnitSide - 1) / kUnitSide;
-  for_units(x, pairs, units, [&](int64_t u, int64_t row, int64_t unit_rows, const Bf16Pair* x_unit, int64_t x_block,
-                                 float* sums) {
+  // Column block b, or null past the blocks (a unit's second block at the edge; a next unit of -1).
+  const auto block = [&](int64_t b) { return b < 0 || b >= column_blocks ? nullptr : column_block(panels, pairs, b); };
+  for_units(x, pairs, units, [&](int64_t u, int64_t next_u, int64_t row, int64_t unit_rows, const Bf16Pair* x_unit,
+                                 int64_t x_block, float* sums) {
     const int64_t b0 = u * kUnitSide;
     const int col_blocks = static_cast<int>(std::min<int64_t>(kUnitSide, column_blocks - b0));
-    const Bf16Pair* const blocks[kUnitSide] = {column_block(panels, pairs, b0),
-                                               col_blocks == 2 ? column_block(panels, pairs, b0 + 1) : nullptr};
+    const Bf16Pair* const blocks[kUnitSide] = {block(b0), block(b0 + 1)};
+    const Bf16Pair* const next[kUnitSide] = {block(next_u * kUnitSide), block(next_u * kUnitSide + 1)};
     const int64_t unit_columns = std::min<int64_t>(kUnitColumns, out_features - b0 * kBlockColumns);
     const int row_blocks = unit_rows > kTileRows16 ? 2 : 1;
     float* out = y_ptr + row * out_features + b0 * kBlockColumns;
     const bool whole = unit_rows == row_blocks * kTileRows16 && unit_columns == col_blocks * kBlockColumns;
-    unit_sums(row_blocks, col_blocks, x_unit, x_block, blocks, pairs, whole ? out : sums,
+    unit_sums(row_blocks, col_blocks, x_unit, x_block, blocks, next, pairs, whole ? out : sums,
               whole ? out_features : kUnitColumns);
     if (!whole) copy_rows(sums, unit_rows, unit_columns, out, out_features);
     if (bias != nullptr) add_bias(bias + b0 * kBlockColumns, unit_rows, unit_columns, out, out_features);
@@ -247,11 +266,14 @@ void run_amx_silu_mul(const at::Tensor& x, const at::Tensor& packed, at::Tensor&
   const Bf16Pair* panels = reinterpret_cast<const Bf16Pair*>(packed.data_ptr());
   float* act_ptr = act.data_ptr<float>();
   const int64_t gate_blocks = intermediate / kBlockColumns;
-  for_units(x, pairs, gate_blocks, [&](int64_t j, int64_t row, int64_t unit_rows, const Bf16Pair* x_unit,
-                                       int64_t x_block, float* sums) {
+  for_units(x, pairs, gate_blocks, [&](int64_t j, int64_t next_j, int64_t row, int64_t unit_rows,
+                                       const Bf16Pair* x_unit, int64_t x_block, float* sums) {
     const Bf16Pair* const blocks[kUnitSide] = {column_block(panels, pairs, j),
                                                column_block(panels, pairs, gate_blocks + j)};
-    unit_sums(unit_rows > kTileRows16 ? 2 : 1, 2, x_unit, x_block, blocks, pairs, sums, kUnitColumns);
+    const Bf16Pair* const next[kUnitSide] = {
+        next_j < 0 ? nullptr : column_block(panels, pairs, next_j),
+        next_j < 0 ? nullptr : column_block(panels, pairs, gate_blocks + next_j)};
+    unit_sums(unit_rows > kTileRows16 ? 2 : 1, 2, x_unit, x_block, blocks, next, pairs, sums, kUnitColumns);
     for (int64_t r = 0; r < unit_rows; ++r) {
       const float* sums_row = sums + r * kUnitColumns;
       silu_mul_row(sums_row, sums_row + kBlockColumns, act_ptr + (row + r) * intermediate + j * kBlockColumns,
