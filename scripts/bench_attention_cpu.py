@@ -12,8 +12,10 @@ them:
 
 A step is one attention call per layer over all 30 layers (each layer reads its own slice of the pool,
 as the model does). The torch path gets the decode buckets planned once per step, as the engine builds
-them. Both paths run in alternating rounds on the same inputs; medians of the rounds are reported. The
-host is shared, so single rounds are noisy.
+them. Both paths run in alternating rounds on the same inputs, and the native op a third time on bf16
+pages of the same values rounded (``native_bf16_ms``, ``bf16_speedup`` = native ÷ native_bf16: the bf16
+mode's pool, whose prefill chunks run on AMX tiles where the CPU has them); medians of the rounds are
+reported. The host is shared, so single rounds are noisy.
 
 ``--kv`` compares the native op on float32 K/V pages with the same op on bfloat16 pages (bf16 mode's
 pool): a decode step of KV_ROWS rows at each context length of KV_CONTEXTS, both pools holding the same
@@ -142,20 +144,28 @@ def measure(kind: str, rounds: int, seed: int) -> dict[str, float]:
             meta.seq_lens_list, meta.block_tables, meta.num_decode_seqs, BLOCK_SIZE, torch.float32
         ),
     )
-    runs = {"torch": (torch_meta, KernelBackend.TORCH), "native": (meta, KernelBackend.NATIVE)}
+    bf16_storage = on_huge_pages(storage.to(torch.bfloat16))  # the bf16 mode's pool
+    runs = {
+        "torch": (torch_meta, KernelBackend.TORCH, storage),
+        "native": (meta, KernelBackend.NATIVE, storage),
+        "native_bf16": (meta, KernelBackend.NATIVE, bf16_storage),
+    }
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for m, backend in runs.values():  # warm-up
-        step_ms(q, storage, m, backend)
+    for m, backend, pool in runs.values():  # warm-up
+        step_ms(q, pool, m, backend)
     for _ in range(rounds):
-        for name, (m, backend) in runs.items():
-            times[name].append(step_ms(q, storage, m, backend))
+        for name, (m, backend, pool) in runs.items():
+            times[name].append(step_ms(q, pool, m, backend))
     torch_ms, native_ms = statistics.median(times["torch"]), statistics.median(times["native"])
+    bf16_ms = statistics.median(times["native_bf16"])
     return {
         "rows": q.shape[0],
         "seqs": meta.num_seqs,
         "torch_ms": round(torch_ms, 2),
         "native_ms": round(native_ms, 2),
         "speedup": round(torch_ms / native_ms, 2),
+        "native_bf16_ms": round(bf16_ms, 2),
+        "bf16_speedup": round(native_ms / bf16_ms, 2),
     }
 
 

@@ -34,20 +34,17 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "bf16_pairs.h"
 #include "linear_panels.h"
 #include "ops.h"
 #include "silu.h"
 #include "vec_wide.h"
 
-#if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define LORAPLEX_AMX 1
+#if LORAPLEX_AMX
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#else
-#define LORAPLEX_AMX 0
 #endif
 
 namespace loraplex {
@@ -55,8 +52,6 @@ namespace {
 
 #if LORAPLEX_AMX
 
-constexpr int kTileRows16 = 16;    // rows of a tile: activation rows, or k pairs of a weight tile
-constexpr int kTileBytes = 64;     // bytes of a tile row: 16 pairs, or 16 fp32 sums
 constexpr int kBlockColumns = 16;  // output columns of a weight or sum tile: a column block
 constexpr int64_t kTileValues = kTileRows16 * kTileRows16;  // pairs of an input tile: 16 rows x 16 pairs
 constexpr int kPanelBlocks = kPanelWidth / kBlockColumns;
@@ -74,24 +69,6 @@ constexpr int64_t kAmxRowsPerPass = 512;
 // activations of a k-step; tmm6-7 the two column blocks' weights. Each weight tile then serves two
 // multiplies and each activation tile two: one tile load a multiply, half of them from L1.
 constexpr int kTilesUsed = 8;
-
-// The layout _tile_loadconfig reads (palette 1): each register's rows and bytes a row.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-TileConfig full_tiles() {
-  TileConfig config;
-  for (int t = 0; t < kTilesUsed; ++t) {
-    config.rows[t] = kTileRows16;
-    config.bytes_per_row[t] = kTileBytes;
-  }
-  return config;
-}
 
 bool amx_bf16_granted() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -212,7 +189,7 @@ void for_units(const at::Tensor& x, int64_t pairs, int64_t units, Fn&& fn) {
   const at::Tensor x_rounded = round_to_tiles(x, pairs, padded_rows);  // [padded_rows / 16, pairs / 16, 16, 16]
   const Bf16Pair* x_tiles = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const int64_t x_block = pairs * kTileRows16;  // pairs of a row block's tiles
-  const TileConfig config = full_tiles();
+  const TileConfig config = full_tiles(kTilesUsed);
   for (int64_t first = 0; first < rows; first += kAmxRowsPerPass) {
     const int64_t pass_end = std::min(first + kAmxRowsPerPass, rows);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {

@@ -1,9 +1,10 @@
-"""bench_attention_cpu's --kv step: the same values on fp32 and bf16 pages give the same outputs, the step with
-every block on one page runs, and the read rates are the K/V bytes over the streamed step's time."""
+"""bench_attention_cpu: its --kv step (the same values on fp32 and bf16 pages give the same outputs, the step with
+every block on one page runs, and the read rates are the K/V bytes over the streamed step's time), and its
+steps' third run, the native op on bf16 pages."""
 
 import pytest
 
-from scripts.bench_attention_cpu import HEAD_DIM, KV_ROWS, NUM_KV_HEADS, NUM_LAYERS, measure_kv
+from scripts.bench_attention_cpu import HEAD_DIM, KV_ROWS, NUM_KV_HEADS, NUM_LAYERS, measure, measure_kv
 from tests.native_required import require_native_ops
 
 CONTEXT = 64
@@ -17,3 +18,10 @@ def test_kv_step_reports_streamed_and_cached_times():
         assert entry[f"{name}_kv_cached_ms"] > 0
         kv_bytes = KV_ROWS * CONTEXT * NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * value_bytes
         assert entry[f"{name}_kv_gb_s"] == pytest.approx(kv_bytes / entry[f"{name}_kv_ms"] / 1e6, rel=0.05)
+
+
+def test_step_reports_the_native_op_on_bf16_pages():
+    require_native_ops()
+    entry = measure("prefill", rounds=1, seed=0)
+    assert entry["native_bf16_ms"] > 0
+    assert entry["bf16_speedup"] == pytest.approx(entry["native_ms"] / entry["native_bf16_ms"], rel=0.05)

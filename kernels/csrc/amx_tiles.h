@@ -1,0 +1,45 @@
+// What the kernels on AMX tiles share (linear_amx.cpp's GEMM, attention_amx.h's prefill attention): whether
+// this build compiles them (LORAPLEX_AMX: a -march with AMX-BF16), and the tile configuration they load.
+// Every register they use is 16 rows of 64 bytes: 16 rows x 16 bf16 pairs, or 16 rows x 16 fp32 sums.
+#pragma once
+
+#include <cstdint>
+
+#include "vec_wide.h"
+
+#if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define LORAPLEX_AMX 1
+#include <immintrin.h>
+#else
+#define LORAPLEX_AMX 0
+#endif
+
+namespace loraplex {
+
+#if LORAPLEX_AMX
+
+constexpr int kTileRows16 = 16;  // rows of a tile: 16 rows of inputs or sums, or 16 k pairs of a weight tile
+constexpr int kTileBytes = 64;   // bytes of a tile row: 16 pairs, or 16 fp32 sums
+
+// The layout _tile_loadconfig reads (palette 1): each register's rows and bytes a row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0 .. tmm(count - 1) as 16 rows of 64 bytes.
+inline TileConfig full_tiles(int count) {
+  TileConfig config;
+  for (int t = 0; t < count; ++t) {
+    config.rows[t] = kTileRows16;
+    config.bytes_per_row[t] = kTileBytes;
+  }
+  return config;
+}
+
+#endif  // LORAPLEX_AMX
+
+}  // namespace loraplex
