@@ -1,5 +1,6 @@
 // What the kernels on AMX tiles share (linear_amx.cpp's GEMM, attention_amx.h's prefill attention): whether
-// this build compiles them (LORAPLEX_AMX: a -march with AMX-BF16), and the tile configuration they load.
+// this build compiles them (LORAPLEX_AMX: a -march with AMX-BF16, and AVX512-BF16 as every such CPU has),
+// and the tile configuration they load.
 // Every register they use is 16 rows of 64 bytes: 16 rows x 16 bf16 pairs, or 16 rows x 16 fp32 sums.
 #pragma once
 
@@ -7,7 +8,7 @@
 
 #include "vec_wide.h"
 
-#if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if LORAPLEX_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define LORAPLEX_AMX 1
 #include <immintrin.h>
 #else

@@ -90,7 +90,7 @@ struct AmxTilePath {
     return _mm512_maskz_mul_ps(in_range, p, _mm512_castsi512_ps(exponent));
   }
 
-  // The item's query vectors (fp32, pre-scaled, `vectors` padded rows, zero rows included) as Q^T tiles.
+  // The item's query vectors (bf16, pre-scaled, `vectors` padded rows, zero rows included) as Q^T tiles.
   static void transpose_queries(const AmxScratch& sc, int64_t vectors, int head_dim) {
     const int chunks = head_dim / kChunk;
     const Bf16Pair* q = reinterpret_cast<const Bf16Pair*>(sc.queries);  // [vectors, head_dim / 2]
