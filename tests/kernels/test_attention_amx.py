@@ -1,6 +1,6 @@
 """The paged attention's tiled path on AMX tiles (bf16 pages, a CPU with AMX-BF16, head_dim a multiple of 32):
 prefill chunks against the float64 reference over the same bf16 K/V, grouped heads (1, 3, 4, 5), head dims
-64, 96 and 128, pages of 4, 16 and 32 tokens, chunks longer than a tile and chunks starting mid-context;
+32 to 256, pages of 4, 16 and 32 tokens, chunks longer than a tile and chunks starting mid-context;
 the result of a sequence the same bits alone, in a batch, on one thread or two.
 
 Tolerance: the path rounds the pre-scaled q and the softmax weights to bf16 (8 bits of mantissa) for the
@@ -41,7 +41,7 @@ def widened(batch: Batch) -> Batch:
     return Batch(q=batch.q, kv_cache=batch.kv_cache.float(), meta=batch.meta, scale=batch.scale)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (2, 4), (1, 5)])
 def test_amx_tiles_match_the_reference(native, num_kv_heads: int, group: int, head_dim: int, seed: int):
     batch = bf16_batch(CHUNKS, num_kv_heads, group, head_dim, seed)
