@@ -31,14 +31,17 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0 .. tmm(count - 1) as 16 rows of 64 bytes.
-inline TileConfig full_tiles(int count) {
+// Configures this thread's tmm0 .. tmm(count - 1) as 16 rows of 64 bytes (the rest unused).
+inline void load_full_tiles(int count) {
   TileConfig config;
   for (int t = 0; t < count; ++t) {
     config.rows[t] = kTileRows16;
     config.bytes_per_row[t] = kTileBytes;
   }
-  return config;
+  // GCC does not count ldtilecfg's read of the config as a use of it and may drop the stores above (an
+  // invalid config then faults): the empty asm, which may read any memory, keeps them.
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
 }
 
 #endif  // LORAPLEX_AMX

@@ -244,8 +244,7 @@ class AmxThread {
     scratch_ = {reinterpret_cast<uint16_t*>(taken[0]), reinterpret_cast<Bf16Pair*>(taken[1]), taken[2], taken[3],
                 taken[4], reinterpret_cast<uint16_t*>(taken[5]), reinterpret_cast<Bf16Pair*>(taken[6]), taken[7],
                 reinterpret_cast<Bf16Pair*>(taken[8])};  // the parts in AmxScratch's order
-    const TileConfig config = full_tiles(kTilesUsed);
-    _tile_loadconfig(&config);
+    load_full_tiles(kTilesUsed);
   }
   ~AmxThread() { _tile_release(); }
   AmxThread(const AmxThread&) = delete;
@@ -293,25 +292,12 @@ inline void attend_amx(const Problem& pb, const WorkItem& item, const AmxScratch
     }
   }
   AmxTilePath::transpose_queries(sc, vectors, head_dim);
-  std::fill(sc.acc_t, sc.acc_t + vectors * head_dim, 0.0f);
-  std::fill(sc.row_max, sc.row_max + vectors, kNegInf);
-  std::fill(sc.row_sum, sc.row_sum + vectors, 0.0f);
+  reset_sums(sc.acc_t, sc.row_max, sc.row_sum, vectors, head_dim);  // acc^T: the same floats, transposed
 
   const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
   const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * head_dim;
   const int64_t heads_bytes = static_cast<int64_t>(num_heads) * head_dim * sizeof(KV);
-  const KV* k_rows[kKeys];
-  const KV* next_rows[kKeys] = {};
-  key_rows<kKeys>(pb, table, 0, last_pos, k_rows);
-  for (int j0 = 0; j0 <= last_pos; j0 += kKeys) {
-    const bool more = j0 + kKeys <= last_pos;
-    if (more) {
-      key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, next_rows);
-      for (int n = 0; n < kKeys; ++n) {
-        prefetch_bytes(next_rows[n] + heads_begin, heads_bytes);
-        prefetch_bytes(next_rows[n] + pb.v_offset + heads_begin, heads_bytes);
-      }
-    }
+  const auto block = [&](int j0, const KV* const* k_rows) {
     const int r_first = std::max(0, j0 - first_pos);  // rows before position j0 see none of these keys
     for (int h = 0; h < num_heads; ++h) {
       AmxTilePath::gather(k_rows, static_cast<int64_t>(item.kv_head_begin + h) * head_dim, pb.v_offset, sc, head_dim);
@@ -328,8 +314,8 @@ inline void attend_amx(const Problem& pb, const WorkItem& item, const AmxScratch
         AmxTilePath::accumulate(sc, m0, vectors, head_dim);
       }
     }
-    if (more) key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, k_rows);
-  }
+  };
+  walk_key_blocks<kKeys, KV>(pb, table, last_pos, heads_begin, heads_bytes, block);
 
   // out = acc^T's columns / row_sum, transposed back 16 vectors x 16 dims at a time
   for (int h = 0; h < num_heads; ++h) {

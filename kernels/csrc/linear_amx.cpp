@@ -189,11 +189,10 @@ void for_units(const at::Tensor& x, int64_t pairs, int64_t units, Fn&& fn) {
   const at::Tensor x_rounded = round_to_tiles(x, pairs, padded_rows);  // [padded_rows / 16, pairs / 16, 16, 16]
   const Bf16Pair* x_tiles = reinterpret_cast<const Bf16Pair*>(x_rounded.data_ptr());
   const int64_t x_block = pairs * kTileRows16;  // pairs of a row block's tiles
-  const TileConfig config = full_tiles(kTilesUsed);
   for (int64_t first = 0; first < rows; first += kAmxRowsPerPass) {
     const int64_t pass_end = std::min(first + kAmxRowsPerPass, rows);
     at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-      _tile_loadconfig(&config);  // the tile state is a thread's own
+      load_full_tiles(kTilesUsed);  // the tile state is a thread's own
       alignas(64) float sums[kUnitRows * kUnitColumns];
       for (int64_t u = begin; u < end; ++u) {
         for (int64_t row = first; row < pass_end; row += kUnitRows) {

@@ -85,27 +85,12 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       }
     }
   }
-  std::fill(scratch.acc, scratch.acc + static_cast<int64_t>(num_vectors) * head_dim, 0.0f);
-  std::fill(scratch.row_max, scratch.row_max + num_vectors, kNegInf);
-  std::fill(scratch.row_sum, scratch.row_sum + num_vectors, 0.0f);
+  attention::reset_sums(scratch.acc, scratch.row_max, scratch.row_sum, num_vectors, head_dim);
 
   const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
   const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * head_dim;
   const int64_t heads_bytes = static_cast<int64_t>(num_heads) * head_dim * sizeof(KV);
-  const KV* k_rows[kKeys];
-  const KV* next_rows[kKeys] = {};
-  attention::key_rows<kKeys>(pb, table, 0, last_pos, k_rows);
-  for (int j0 = 0; j0 <= last_pos; j0 += kKeys) {
-    const bool more = j0 + kKeys <= last_pos;
-    if (more) {
-      // Ask for the next block's K and V rows while this one is computed: the pool is far larger than
-      // the caches, and a decode row's keys are read once.
-      attention::key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, next_rows);
-      for (int n = 0; n < kKeys; ++n) {
-        attention::prefetch_bytes(next_rows[n] + heads_begin, heads_bytes);
-        attention::prefetch_bytes(next_rows[n] + pb.v_offset + heads_begin, heads_bytes);
-      }
-    }
+  const auto block = [&](int j0, const KV* const* k_rows) {
     const int r_first = std::max(0, j0 - first_pos);  // rows before position j0 see none of these keys
     for (int h = 0; h < num_heads; ++h) {
       const HeadBlock blk{static_cast<int64_t>(item.kv_head_begin + h) * head_dim,
@@ -117,9 +102,8 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
                           group};
       Path::template run<kHeadDim>(pb, scratch, k_rows, blk);
     }
-    // Found again rather than copied from next_rows: the copy measured 20 % slower on decode steps.
-    if (more) attention::key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, k_rows);
-  }
+  };
+  attention::walk_key_blocks<kKeys, KV>(pb, table, last_pos, heads_begin, heads_bytes, block);
 
   for (int h = 0; h < num_heads; ++h) {
     for (int r = 0; r < num_rows; ++r) {
