@@ -181,8 +181,7 @@ void run_items(const Problem& pb, const std::vector<WorkItem>& items) {
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
 #if LORAPLEX_AMX
-    std::optional<attention::AmxThread> amx_thread;
-    if (amx) amx_thread.emplace(max_vectors, pb.num_kv_heads, pb.head_dim);
+    std::optional<attention::AmxThread> amx_thread;  // made at this thread's first item on the tiles
 #endif
     const size_t vector_floats = static_cast<size_t>(max_vectors) * pb.head_dim;
     const size_t block_floats = static_cast<size_t>(TilePath::kKeys) * pb.head_dim;  // the wider block
@@ -203,6 +202,7 @@ void run_items(const Problem& pb, const std::vector<WorkItem>& items) {
         attend<kHeadDim, RowPath, KV>(pb, item, scratch);
 #if LORAPLEX_AMX
       } else if (amx) {
+        if (!amx_thread) amx_thread.emplace(max_vectors, pb.num_kv_heads, pb.head_dim);
         attention::attend_amx(pb, item, amx_thread->scratch());
 #endif
       } else {
