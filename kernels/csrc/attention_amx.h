@@ -294,9 +294,6 @@ inline void attend_amx(const Problem& pb, const WorkItem& item, const AmxScratch
   AmxTilePath::transpose_queries(sc, vectors, head_dim);
   reset_sums(sc.acc_t, sc.row_max, sc.row_sum, vectors, head_dim);  // acc^T: the same floats, transposed
 
-  const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
-  const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * head_dim;
-  const int64_t heads_bytes = static_cast<int64_t>(num_heads) * head_dim * sizeof(KV);
   const auto block = [&](int j0, const KV* const* k_rows) {
     const int r_first = std::max(0, j0 - first_pos);  // rows before position j0 see none of these keys
     for (int h = 0; h < num_heads; ++h) {
@@ -315,7 +312,7 @@ inline void attend_amx(const Problem& pb, const WorkItem& item, const AmxScratch
       }
     }
   };
-  walk_key_blocks<kKeys, KV>(pb, table, last_pos, heads_begin, heads_bytes, block);
+  walk_key_blocks<kKeys, KV>(pb, item, last_pos, block);
 
   // out = acc^T's columns / row_sum, transposed back 16 vectors x 16 dims at a time
   for (int h = 0; h < num_heads; ++h) {

@@ -106,13 +106,14 @@ inline void reset_sums(float* acc, float* row_max, float* row_sum, int64_t vecto
   std::fill(row_sum, row_sum + vectors, 0.0f);
 }
 
-// fn(j0, rows) for each block of kKeys keys of an item, j0 from 0 to last_pos (rows: each key's K row, its V
-// v_offset further; key_rows), prefetching meanwhile the next block's K and V rows of the item's kv heads
-// (`heads_bytes` from `heads_begin` elements into a row): the pool is far larger than the caches, and a
-// decode row's keys are read once.
+// fn(j0, rows) for each block of kKeys keys of `item`'s sequence, j0 from 0 to last_pos (rows: each key's K
+// row, its V v_offset further; key_rows), prefetching meanwhile the next block's K and V rows of the item's
+// kv heads: the pool is far larger than the caches, and a decode row's keys are read once.
 template <int kKeys, typename KV, typename Fn>
-inline void walk_key_blocks(const Problem& pb, const int32_t* table, int last_pos, int64_t heads_begin,
-                            int64_t heads_bytes, Fn&& fn) {
+inline void walk_key_blocks(const Problem& pb, const WorkItem& item, int last_pos, Fn&& fn) {
+  const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
+  const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * pb.head_dim;
+  const int64_t heads_bytes = static_cast<int64_t>(item.kv_head_end - item.kv_head_begin) * pb.head_dim * sizeof(KV);
   const KV* rows[kKeys];
   const KV* next_rows[kKeys] = {};
   key_rows<kKeys>(pb, table, 0, last_pos, rows);

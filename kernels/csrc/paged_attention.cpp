@@ -87,9 +87,6 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
   }
   attention::reset_sums(scratch.acc, scratch.row_max, scratch.row_sum, num_vectors, head_dim);
 
-  const int32_t* table = pb.block_tables + item.seq * pb.block_table_stride;
-  const int64_t heads_begin = static_cast<int64_t>(item.kv_head_begin) * head_dim;
-  const int64_t heads_bytes = static_cast<int64_t>(num_heads) * head_dim * sizeof(KV);
   const auto block = [&](int j0, const KV* const* k_rows) {
     const int r_first = std::max(0, j0 - first_pos);  // rows before position j0 see none of these keys
     for (int h = 0; h < num_heads; ++h) {
@@ -103,7 +100,7 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
       Path::template run<kHeadDim>(pb, scratch, k_rows, blk);
     }
   };
-  attention::walk_key_blocks<kKeys, KV>(pb, table, last_pos, heads_begin, heads_bytes, block);
+  attention::walk_key_blocks<kKeys, KV>(pb, item, last_pos, block);
 
   for (int h = 0; h < num_heads; ++h) {
     for (int r = 0; r < num_rows; ++r) {

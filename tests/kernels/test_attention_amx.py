@@ -17,14 +17,20 @@ from kernels.backend import KernelBackend
 from kernels.linear_dot import amx_available
 from kernels.paged_attention import paged_attention
 from tests.kernels.test_paged_attention import Batch, make_batch, reference
+from tests.kernels.threads import torch_threads
 
 AMX_TOL = 2e-2
-
-pytestmark = pytest.mark.skipif(not amx_available(), reason="the native kernels run no AMX tiles here")
 
 # (q_len, seq_len): a chunk from scratch, chunks longer than a tile starting mid-context, a short chunk of
 # 12 rows beside decode rows (row path), and one straddling pages.
 CHUNKS = [(1, 40), (1, 3), (70, 70), (150, 400), (12, 30), (33, 97)]
+
+
+@pytest.fixture(autouse=True)
+def amx_tiles(native) -> None:
+    """Skips where the native kernels run no AMX tiles (asked at run time, not when the file is imported)."""
+    if not amx_available():
+        pytest.skip("the native kernels run no AMX tiles here")
 
 
 def run(batch: Batch) -> torch.Tensor:
@@ -64,14 +70,10 @@ def test_amx_tiles_any_block_size(native, block_size: int, seed: int):
 def test_a_sequence_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(native, seed: int):
     batch = bf16_batch(CHUNKS, 3, 3, 64, seed)
     starts = batch.meta.query_start_loc_list
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one_thread = run(batch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         two_threads = run(batch)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(one_thread, two_threads)
 
     index = 3  # the 150-row chunk of a 400-token context

@@ -22,6 +22,7 @@ from kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
 from tests.kernels.test_attention_amx import AMX_TOL
 from tests.kernels.test_paged_attention import BATCHES, Batch, make_batch, reference
 from tests.kernels.test_paged_attention_native import LONG, TOL
+from tests.kernels.threads import torch_threads
 
 BF16_VS_FP32_TOL = 2e-2  # attention over bf16-rounded K/V against the same over the fp32 K/V
 KINDS = {"decode": BATCHES["decode"], "mixed": BATCHES["mixed"], "long": LONG}
@@ -67,14 +68,10 @@ def test_attention_reads_a_layer_view_of_a_bf16_pool(native, seed: int):
     assert batch.kv_cache.dtype == torch.bfloat16 and not batch.kv_cache.is_contiguous()
     q = batch.q.float()
     batch = Batch(q=q, kv_cache=batch.kv_cache, meta=batch.meta, scale=batch.scale)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         alone = run(batch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         shared = run(batch)
-    finally:
-        torch.set_num_threads(threads)
     expected = reference(with_kv(batch, batch.kv_cache.float()))
     tol = exact_tol("long", 64)
     torch.testing.assert_close(alone.double(), expected, atol=tol, rtol=tol, msg=lambda m: f"{m} {seed=}")

@@ -14,6 +14,7 @@ from kernels.linear import LinearWeight, WeightLayout, linear, quantize_int8
 from kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
 from tests.kernels.scaled_error import assert_scaled_close
+from tests.kernels.threads import torch_threads
 
 
 def test_packed_layout_holds_each_panel_k_major_and_zero_past_the_weight(native):
@@ -74,16 +75,12 @@ def test_the_same_bits_on_any_number_of_threads(native, weight_format: str, seed
         weight, scales = quantize_int8(weight)
     packed = pack_linear_weight(weight.to(torch.bfloat16) if weight_format == "bfloat16" else weight)
     bias = torch.randn(3072, generator=gen)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         expected = linear_packed(x, packed, bias, 3072, scales)  # [rows, out]
-        for num_threads in (2, 3, 5):
-            torch.set_num_threads(num_threads)
+    for num_threads in (2, 3, 5):
+        with torch_threads(num_threads):
             for _ in range(5):
                 assert torch.equal(linear_packed(x, packed, bias, 3072, scales), expected), f"seed={seed}"
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_bad_inputs_are_refused(native):

@@ -20,6 +20,7 @@ from tests.kernels.test_paged_attention import (
     make_batch,
     reference,
 )
+from tests.kernels.threads import torch_threads
 
 # Chunks longer than a tile (128 query vectors: 128 rows at group 1, 42 at group 3), some starting
 # mid-context, beside decode rows and a one-row chunk; 700 keys cross 44 pages. Short chunks of few
@@ -100,14 +101,10 @@ def test_native_reads_q_strided_as_the_fused_qkv_output(native, num_kv_heads: in
 def test_native_same_result_on_one_thread_and_two(native, seed: int):
     """Each item runs on one thread whatever the split, so the result does not depend on the thread count."""
     batch = make_batch(LONG, 3, 3, 64, torch.float32, seed)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         alone = run_native(native, batch)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         shared = run_native(native, batch)
-    finally:
-        torch.set_num_threads(threads)
     assert_close(shared, alone, tol=0.0, seed=seed)
 
 
