@@ -1,17 +1,30 @@
-# The two commands of the README and docs/getting-started.md. Each creates the virtual environment when it is missing.
+# The two commands of the README and docs/getting-started.md. Each creates the virtual environment when it is
+# missing and installs exactly the versions in requirements.lock (the set the tests passed with).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+LOCK := requirements.lock
 STAMP := $(VENV)/.installed-stamp
+# Where `make lock` finds torch's CPU build: the local wheel folder pip is configured with (PIP_FIND_LINKS),
+# else PyTorch's CPU index. PyPI's own torch wheels for Linux are the CUDA build.
+TORCH_CPU_SOURCE ?= $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 
-.PHONY: serve test bench lint docs docs-serve chromium
+.PHONY: serve test bench lint lock docs docs-serve chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, from its pinned release, so no other package pulls a different (CUDA) build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,ray]'
+	# uv (the installer, itself in the lock) and torch's CPU build come first through pip, which knows where
+	# the CPU build lies; uv then makes the environment exactly the lock, resolving nothing.
+	$(PY) -m pip install --quiet "$$(grep -m1 '^uv==' $(LOCK))" "$$(grep -m1 '^torch==' $(LOCK))"
+	$(UV) pip sync --quiet --python $(PY) $(LOCK)
+	$(UV) pip install --quiet --python $(PY) --no-deps -e .
 	touch $(STAMP)
+
+# Refreshes requirements.lock to the newest releases that pyproject.toml allows (extras dev and ray included).
+# Upgrade on purpose: run `make lock`, then `make test`, and commit the lock with the tests passing.
+lock: $(STAMP)
+	$(UV) pip compile pyproject.toml --extra dev --extra ray --upgrade --python-version 3.11 \
+		$(TORCH_CPU_SOURCE) --quiet --no-header --no-emit-find-links --output-file $(LOCK)
 
 serve: $(STAMP)
 	$(VENV)/bin/loraplex serve
@@ -22,7 +35,7 @@ chromium:
 		{ echo "make: the console's browser tests need Chromium: install the chromium package (as root: apt-get install -y chromium)" >&2; exit 1; }
 
 test: $(STAMP) chromium
-	$(VENV)/bin/ruff check app engine kernels scripts tests docs/hooks
+	$(VENV)/bin/ruff check app engine loraplex_kernels scripts tests docs/hooks
 	$(VENV)/bin/loraplex models pull
 	$(PY) -m pytest -q
 
@@ -30,7 +43,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_engine.py --json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app engine kernels scripts tests docs/hooks
+	$(VENV)/bin/ruff check app engine loraplex_kernels scripts tests docs/hooks
 
 # The documentation site (docs/, mkdocs.yml): built into site/ with broken links and anchors as errors.
 docs: $(STAMP)

@@ -1,11 +1,11 @@
 """Which native GEMM computes the bf16 and int8 projection weights on this machine, measured at load.
 
 The native CPU kernels have two panel formats for each of bf16 and int8 weights: k-major panels widened
-to fp32 and run on fp32 FMAs (kernels/linear_packed.py, every build), and the format's dot product
+to fp32 and run on fp32 FMAs (loraplex_kernels/linear_packed.py, every build), and the format's dot product
 (AVX-512 builds on CPUs that have it): bf16 weights in k pairs on AVX512-BF16's ``vdpbf16ps`` with the
-activations rounded to bf16, or on AMX tiles where the CPU has AMX-BF16 (kernels/linear_dot.py); int8
+activations rounded to bf16, or on AMX tiles where the CPU has AMX-BF16 (loraplex_kernels/linear_dot.py); int8
 weights in k quads on AVX512-VNNI's ``vpdpbusd`` with the activations quantized to int8 per block of 32
-(kernels/linear_vnni.py). ``vdpbf16ps`` does twice an FMA's arithmetic per instruction and ``vpdpbusd``
+(loraplex_kernels/linear_vnni.py). ``vdpbf16ps`` does twice an FMA's arithmetic per instruction and ``vpdpbusd``
 four times, so which is faster depends on how fast the CPU issues them: ``vdpbf16ps`` is reported about as
 fast as FMAs on AMD Zen 4 and runs at a quarter of their rate on the Xeons measured in docs/precision.md,
 where ``vpdpbusd`` runs at their rate and AMX tiles (on the Xeon that has them) do about ten times the
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import ConfigError
-from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, linear
-from kernels.linear_dot import amx_available, dot_available
-from kernels.linear_vnni import vnni_available
-from kernels.native_cpu import cpu_flags
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, linear
+from loraplex_kernels.linear_dot import amx_available, dot_available
+from loraplex_kernels.linear_vnni import vnni_available
+from loraplex_kernels.native_cpu import cpu_flags
 
 logger = logging.getLogger(__name__)
 

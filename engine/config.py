@@ -10,8 +10,8 @@ import torch
 from engine.bf16_gemm import BF16_GEMM_CHOICES, resolve_bf16_gemm
 from engine.errors import ConfigError
 from engine.precision import QUANTIZATIONS, Precision, requested_dtype, resolve_precision
-from kernels.backend import KernelBackend, triton_unavailable_reason
-from kernels.native_cpu import unavailable_reason
+from loraplex_kernels.backend import KernelBackend, triton_unavailable_reason
+from loraplex_kernels.native_cpu import unavailable_reason
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import torch
 from engine.adapter_cache import AdapterEntry
 from engine.config import ModelConfig
 from engine.lora_config import projection_shapes
-from kernels.backend import KernelBackend
-from kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
-from kernels.sgmv_fused import sgmv_fused
-from kernels.sgmv_fused_native import SgmvNativePlan, plan_sgmv_native
-from kernels.sgmv_fused_torch import SgmvFusedPlan, plan_sgmv_fused_torch
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
+from loraplex_kernels.sgmv_fused import sgmv_fused
+from loraplex_kernels.sgmv_fused_native import SgmvNativePlan, plan_sgmv_native
+from loraplex_kernels.sgmv_fused_torch import SgmvFusedPlan, plan_sgmv_fused_torch
 
 MODULE_GROUPS: dict[str, tuple[str, ...]] = {
     "qkv": ("q_proj", "k_proj", "v_proj"),

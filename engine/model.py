@@ -15,13 +15,13 @@ from engine.page_pool import PagePool
 from engine.rope import RotaryEmbedding
 from engine.step_batch import StepBatch
 from engine.weights import LayerWeights, ModelWeights
-from kernels.add_rms_norm import add_rms_norm
-from kernels.backend import KernelBackend
-from kernels.kv_write import kv_row_index
-from kernels.linear import linear, linear_silu_mul
-from kernels.paged_attention import paged_attention
-from kernels.rope_kv_write import rope_kv_write
-from kernels.silu_mul import silu_mul
+from loraplex_kernels.add_rms_norm import add_rms_norm
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.kv_write import kv_row_index
+from loraplex_kernels.linear import linear, linear_silu_mul
+from loraplex_kernels.paged_attention import paged_attention
+from loraplex_kernels.rope_kv_write import rope_kv_write
+from loraplex_kernels.silu_mul import silu_mul
 
 
 class LlamaModel:

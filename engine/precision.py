@@ -28,8 +28,8 @@ from functools import cache
 import torch
 
 from engine.errors import ConfigError
-from kernels.backend import KernelBackend
-from kernels.native_cpu import cpu_flags
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.native_cpu import cpu_flags
 
 logger = logging.getLogger(__name__)
 

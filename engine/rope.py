@@ -39,7 +39,7 @@ class RotaryEmbedding:
     """RoPE's tables as Hugging Face's Llama computes them (rotate-half layout, fp32 angles).
 
     ``rotate_half(x) * sin`` equals ``x`` with its halves swapped times ``sin`` with its first half
-    negated, so the table keeps that signed sin; ``kernels/rope_kv_write.py`` applies the rotation.
+    negated, so the table keeps that signed sin; ``loraplex_kernels/rope_kv_write.py`` applies the rotation.
     """
 
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device):

@@ -16,8 +16,8 @@ import torch
 from engine.grammar_mask import apply_grammar_mask
 from engine.logprobs import TokenLogprob, token_logprobs
 from engine.sampling_batch import Penalties, SamplingBatch, SparseLogits
-from kernels.argmax_rows import argmax_rows
-from kernels.backend import KernelBackend
+from loraplex_kernels.argmax_rows import argmax_rows
+from loraplex_kernels.backend import KernelBackend
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from engine.verification import DraftPosition, draft_positions
-from kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
-from kernels.backend import KernelBackend
-from kernels.paged_prefill_attention import plan_prefill_tiles
+from loraplex_kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.paged_prefill_attention import plan_prefill_tiles
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from engine.speculation import Speculator
 from engine.step_batch import build_step_batch
 from engine.step_result import StepResult, fork_choices, prompt_scores
 from engine.verification import Verified, accept, generator_states, rewind_generators
-from kernels.backend import KernelBackend
+from loraplex_kernels.backend import KernelBackend
 
 logger = logging.getLogger(__name__)
 

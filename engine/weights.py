@@ -9,8 +9,8 @@ from safetensors import safe_open
 from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.precision import Precision
-from kernels.backend import KernelBackend
-from kernels.linear import WIDEN, LinearWeight
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import WIDEN, LinearWeight
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,9 +37,9 @@ from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.page_pool import page_bytes
-from kernels.backend import KernelBackend
-from kernels.linear import LinearWeight, linear
-from kernels.native_cpu import native_ops
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import LinearWeight, linear
+from loraplex_kernels.native_cpu import native_ops
 
 logger = logging.getLogger("bench_engine")
 

@@ -33,10 +33,10 @@ from cpu_noise import CpuNoise
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
-from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
-from kernels.linear_dot import amx_available, dot_available
-from kernels.linear_vnni import vnni_available
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
+from loraplex_kernels.linear_dot import amx_available, dot_available
+from loraplex_kernels.linear_vnni import vnni_available
 
 logger = logging.getLogger("bench_linear_cpu")
 

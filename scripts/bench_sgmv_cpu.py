@@ -42,12 +42,12 @@ from engine.lora_adapter import LoraAdapter, LoraWeights
 from engine.lora_batch import MODULE_GROUPS, LoraStep, build_lora_step
 from engine.lora_config import PROJECTIONS, projection_shapes
 from engine.page_pool import page_bytes
-from kernels.backend import KernelBackend
-from kernels.linear import LinearWeight, linear
-from kernels.lora_metadata import ModuleRows, build_sgmv_metadata
-from kernels.sgmv_expand import sgmv_expand
-from kernels.sgmv_shrink import sgmv_shrink
-from kernels.sgmv_torch_plan import plan_sgmv_torch
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import LinearWeight, linear
+from loraplex_kernels.lora_metadata import ModuleRows, build_sgmv_metadata
+from loraplex_kernels.sgmv_expand import sgmv_expand
+from loraplex_kernels.sgmv_shrink import sgmv_shrink
+from loraplex_kernels.sgmv_torch_plan import plan_sgmv_torch
 
 NUM_LAYERS = 30
 PAGE_SIZE = 16 * 2 * 3 * 64  # block_size 16 x K/V x 3 kv heads x head_dim 64

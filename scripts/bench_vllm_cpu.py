@@ -53,7 +53,7 @@ from app.settings import ENGINE_KINDS, Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.lora_config import PROJECTIONS
-from kernels.native_cpu import MARCH_ENV, cpu_flags
+from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
 
 DEFAULT_HTTP_ENGINES = ("process", "thread")  # the two engines of one machine, side by side
 logger = logging.getLogger("bench_vllm_cpu")

@@ -1,4 +1,4 @@
-"""Compile every Triton kernel of ``kernels/`` for sm_80 and sm_90 in each dtype its launcher accepts.
+"""Compile every Triton kernel of ``loraplex_kernels/`` for sm_80 and sm_90 in each dtype its launcher accepts.
 
 No GPU needed: Triton's compiler and the wheel's ``ptxas`` build the cubins, the wheel's ``cuobjdump``
 reads their registers. Prints one row per kernel × target × dtype (registers per thread, shared memory
@@ -27,7 +27,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="triton-aot-") as cache:
         os.environ.setdefault("TRITON_CACHE_DIR", cache)
-        from kernels.triton_aot import compile_all  # after the cache folder is set: triton reads it then
+        from loraplex_kernels.triton_aot import compile_all  # after the cache folder is set: triton reads it then
 
         results = compile_all()
     if args.json:

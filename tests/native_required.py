@@ -9,7 +9,7 @@ import platform
 
 import pytest
 
-from kernels.native_cpu import native_ops, unavailable_reason
+from loraplex_kernels.native_cpu import native_ops, unavailable_reason
 
 NATIVE_MACHINES = ("x86_64", "AMD64", "aarch64", "arm64")  # what platform.machine() names them
 

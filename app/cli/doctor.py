@@ -6,7 +6,7 @@ The checks, in order:
 - the kernel backend the engine would choose there (``EngineConfig.kernel_backend``), and why;
 - the precision it would run (LORAPLEX_DTYPE, LORAPLEX_QUANTIZATION): dtypes, weight format, and why;
 - each op of a decoder layer run as the engine would run it against its torch implementation on small
-  inputs (:mod:`kernels.op_checks`), once for the native CPU library and once for CUDA. The side the
+  inputs (:mod:`loraplex_kernels.op_checks`), once for the native CPU library and once for CUDA. The side the
   engine does not use here is one skipped line per op, with the reason;
 - on CPU, a projection on bf16 and on int8 weights as the engine would prepare them, against float32
   weights, within the stated tolerance of the weights' rounding;
@@ -40,8 +40,8 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.precision import dtype_name
-from kernels.backend import KernelBackend
-from kernels.native_cpu import unavailable_reason
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.native_cpu import unavailable_reason
 
 GENERATE_PROMPT = "The three primary colours are"
 GENERATE_TOKENS = 32

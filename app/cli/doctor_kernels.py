@@ -1,6 +1,6 @@
 """``loraplex doctor``'s kernel checks: each op of a decoder layer against torch (the native CPU library's and
 CUDA's), and on CPU the projection on bf16 and int8 weights and the bf16 pool (K/V and adapter rows) against
-float32, each within its stated tolerance (:mod:`kernels.op_checks`, :mod:`kernels.format_checks`)."""
+float32, each within its stated tolerance (:mod:`loraplex_kernels.op_checks`, :mod:`loraplex_kernels.format_checks`)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,8 +10,8 @@ import torch
 from app.cli.doctor_results import CheckResult, Status
 from engine.bf16_gemm import dot_runs
 from engine.precision import dtype_name
-from kernels.backend import KernelBackend
-from kernels.format_checks import (
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.format_checks import (
     ADAPTER_FORMAT_TOLERANCES,
     KV_FORMAT_TOLERANCES,
     WEIGHT_FORMAT_TOLERANCES,
@@ -19,9 +19,9 @@ from kernels.format_checks import (
     run_kv_format_check,
     run_weight_format_check,
 )
-from kernels.linear import DOT, WIDEN
-from kernels.native_cpu import unavailable_reason
-from kernels.op_checks import OPS, OpCheck, run_op_check
+from loraplex_kernels.linear import DOT, WIDEN
+from loraplex_kernels.native_cpu import unavailable_reason
+from loraplex_kernels.op_checks import OPS, OpCheck, run_op_check
 
 
 def check_weight_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:

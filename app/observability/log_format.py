@@ -13,7 +13,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 TEXT_DATE_FORMAT = "%H:%M:%S"
 # Loggers whose INFO lines are for the operator: loraplex's own, and the server's request log. Every other
 # library's records reach the log from WARNING up, unless the level is "debug".
-OWN_LOGGERS = ("app", "engine", "kernels", "__main__", "uvicorn.access")
+OWN_LOGGERS = ("app", "engine", "loraplex_kernels", "__main__", "uvicorn.access")
 
 
 class JsonLogFormatter(logging.Formatter):

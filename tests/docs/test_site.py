@@ -20,8 +20,8 @@ import click
 from app.cli.main import cli
 from tests.docs.conftest import DOCS_DIR, REPO_ROOT
 
-CODE_DIRS = ("app", "engine", "kernels")
-CITING_DIRS = ("app", "engine", "kernels", "scripts", "tests")
+CODE_DIRS = ("app", "engine", "loraplex_kernels")
+CITING_DIRS = ("app", "engine", "loraplex_kernels", "scripts", "tests")
 # A string literal that is a whole variable name: how the code reads the environment (os.environ.get("X"),
 # env.get("X"), _int(env, "X"), click's envvar="X", NAME_ENV = "X").
 ENV_LITERAL = re.compile(r"""["'](LORAPLEX_[A-Z0-9_]+|DATABASE_URL)["']""")

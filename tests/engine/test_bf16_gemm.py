@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernels import native_cpu
 
 from app.model_store import resolve_model
 from app.settings import Settings, SettingsError
@@ -14,11 +15,10 @@ from engine import EngineConfig, SamplingParams
 from engine import bf16_gemm as bf16_gemm_module
 from engine.bf16_gemm import MIN_ROUNDS, choose_gemm, resolve_bf16_gemm, time_gemms
 from engine.errors import ConfigError
-from kernels import native_cpu
-from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, WeightLayout
-from kernels.linear_dot import amx_available, dot_available
-from kernels.linear_vnni import vnni_available
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import DOT, WIDEN, WeightLayout
+from loraplex_kernels.linear_dot import amx_available, dot_available
+from loraplex_kernels.linear_vnni import vnni_available
 from tests.engine.conftest import make_engine
 
 CPU = torch.device("cpu")

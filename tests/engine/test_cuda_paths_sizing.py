@@ -9,7 +9,7 @@ from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, E
 from engine.errors import ConfigError
 from engine.page_pool import make_pool, page_bytes, size_pool
 from engine.precision import cpu_computes_bf16
-from kernels.backend import KernelBackend
+from loraplex_kernels.backend import KernelBackend
 
 # SmolLM2-135M's shapes: 30 layers, 3 kv heads of 64, rows up to 1536 wide, a context of 8192 tokens.
 SMOLLM2 = ModelConfig.from_dict(

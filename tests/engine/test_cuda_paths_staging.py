@@ -15,7 +15,7 @@ from engine import sampling_batch, step_batch
 from engine.host_to_device import ALIGN_BYTES, move_to_device, pack_and_move
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from kernels.backend import KernelBackend
+from loraplex_kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernels import native_cpu
 
 from engine import EngineConfig, SamplingParams
 from engine.errors import ConfigError
-from kernels import native_cpu
-from kernels.backend import KernelBackend
+from loraplex_kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
 from tests.native_required import require_native_ops
 

@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernels import native_cpu
 
 from app.settings import Settings, SettingsError
 from engine import EngineConfig, SamplingParams
 from engine import precision as precision_module
 from engine.errors import ConfigError
 from engine.precision import requested_dtype
-from kernels import native_cpu
-from kernels.backend import KernelBackend
-from kernels.linear import WeightLayout
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import WeightLayout
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 

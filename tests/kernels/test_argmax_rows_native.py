@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from kernels.argmax_rows import argmax_rows
-from kernels.backend import KernelBackend
+from loraplex_kernels.argmax_rows import argmax_rows
+from loraplex_kernels.backend import KernelBackend
 
 
 def check(logits: torch.Tensor, seed: int) -> None:

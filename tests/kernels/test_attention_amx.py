@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.backend import KernelBackend
-from kernels.linear_dot import amx_available
-from kernels.paged_attention import paged_attention
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear_dot import amx_available
+from loraplex_kernels.paged_attention import paged_attention
 from tests.kernels.test_paged_attention import Batch, make_batch, reference
 from tests.kernels.threads import torch_threads
 

@@ -10,7 +10,7 @@ import platform
 
 import pytest
 
-from kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
+from loraplex_kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
 from tests.kernels.child_pytest import run_child_pytest
 
 RUN_TIMEOUT_S = 900  # the AVX2 build (~1 min on two cores, once per source change) and the tests

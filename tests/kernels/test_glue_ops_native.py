@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
-from kernels.backend import KernelBackend
-from kernels.kv_write import kv_row_index
-from kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
-from kernels.silu_mul import silu_mul, silu_mul_torch
+from loraplex_kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.kv_write import kv_row_index
+from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
+from loraplex_kernels.silu_mul import silu_mul, silu_mul_torch
 
 TOL = 1e-5
 EPS = 1e-5

@@ -10,10 +10,10 @@ import torch
 
 from engine.bf16_gemm import resolve_bf16_gemm
 from engine.errors import ConfigError
-from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
-from kernels.linear_dot import amx_available, dot_available, linear_amx, linear_dot, pack_linear_pairs
-from kernels.native_cpu import MARCH_ENV, cpu_flags
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
+from loraplex_kernels.linear_dot import amx_available, dot_available, linear_amx, linear_dot, pack_linear_pairs
+from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
 from tests.kernels.scaled_error import assert_scaled_close
 
 CPU = torch.device("cpu")

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from engine.bf16_gemm import resolve_bf16_gemm
 from engine.errors import ConfigError
-from kernels.backend import KernelBackend
-from kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
-from kernels.linear_vnni import BLOCK, linear_vnni, pack_linear_quads, quantize_blocks, vnni_available
-from kernels.native_cpu import MARCH_ENV, cpu_flags
+from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
+from loraplex_kernels.linear_vnni import BLOCK, linear_vnni, pack_linear_quads, quantize_blocks, vnni_available
+from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
 from tests.kernels.scaled_error import assert_scaled_close
 
 CPU = torch.device("cpu")

@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from kernels.lora_metadata import ModuleRows, SegmentSpec, SgmvMetadata, build_sgmv_metadata
-from kernels.sgmv_expand import sgmv_expand, sgmv_expand_triton
-from kernels.sgmv_shrink import sgmv_shrink, sgmv_shrink_triton
-from kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
-from kernels.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
+from loraplex_kernels.lora_metadata import ModuleRows, SegmentSpec, SgmvMetadata, build_sgmv_metadata
+from loraplex_kernels.sgmv_expand import sgmv_expand, sgmv_expand_triton
+from loraplex_kernels.sgmv_shrink import sgmv_shrink, sgmv_shrink_triton
+from loraplex_kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
+from loraplex_kernels.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
 
 NUM_LAYERS = 3
 LAYER = 2  # not 0, so a missing or wrong layer offset reads another layer's rows

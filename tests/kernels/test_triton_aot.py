@@ -1,4 +1,4 @@
-"""Every Triton kernel of ``kernels/`` compiles ahead of time for sm_80 and sm_90 in each dtype its launcher
+"""Every Triton kernel of ``loraplex_kernels/`` compiles ahead of time for sm_80 and sm_90 in each dtype its launcher
 accepts, with the constexprs and num_warps its launcher passes.
 
 The compile runs once, in a subprocess (``scripts/triton_aot_report.py --json``) without TRITON_INTERPRET
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.triton_aot import TARGET_ARCHS, dtype_name, find_kernels, find_launches
-from kernels.triton_launch import LaunchSpecError, make_launch
+from loraplex_kernels.triton_aot import TARGET_ARCHS, dtype_name, find_kernels, find_launches
+from loraplex_kernels.triton_launch import LaunchSpecError, make_launch
 
 ROOT = Path(__file__).resolve().parents[2]
 # The whole compile takes about a minute on two cores; this bounds a hung compiler, not a slow one.
@@ -73,7 +73,7 @@ def test_the_walk_finds_the_kernels_and_every_dtype():
 def test_every_kernel_has_a_launch_spec(kernel: str):
     assert kernel in LAUNCHES, (
         f"{kernel} has no launch spec: its module's triton_launches() must list its launches "
-        "(see kernels/triton_launch.py)"
+        "(see loraplex_kernels/triton_launch.py)"
     )
 
 
@@ -109,8 +109,8 @@ def test_a_launch_spec_must_name_every_parameter():
 _BROKEN_KERNEL = textwrap.dedent(
     """
     import json, torch, triton, triton.language as tl
-    from kernels.triton_aot import compile_launch
-    from kernels.triton_launch import make_launch
+    from loraplex_kernels.triton_aot import compile_launch
+    from loraplex_kernels.triton_launch import make_launch
 
     @triton.jit
     def _short_k_dot(x_ptr, K: tl.constexpr):
