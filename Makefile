@@ -40,7 +40,7 @@ test: $(STAMP) chromium
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) scripts/bench_engine.py --json
+	$(PY) -m scripts.benchmarks.bench_engine --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app engine loraplex_kernels scripts tests docs/hooks

@@ -21,7 +21,7 @@ Expand (``y += v @ Bᵀ`` per segment) of the short segments is one ``embedding_
 reading the rows straight from the pool with no gathered copy, then an ``index_add_`` into y. Long
 segments' expand is a ``bmm`` per (rank, output width), where a matrix product beats row sums.
 
-Measured with ``scripts/bench_sgmv_cpu.py --threads 1`` (AMD EPYC Genoa VM, fp32, torch 2.13, medians;
+Measured with ``python -m scripts.benchmarks.bench_sgmv_cpu --threads 1`` (AMD EPYC Genoa VM, fp32, torch 2.13, medians;
 the host was shared, so figures moved by up to ±30% between runs). SmolLM2's q/k/v group (in 576, outs
 576/192/192, 30 layers, P = 6144), a decode batch of 64 tokens, ranks drawn from 8/16/32:
 

@@ -12,7 +12,7 @@ runtime then specializes it) and every int as a generic ``i32`` (the runtime als
 for an int equal to 1, or divisible by 16; those are not built here).
 
 ``triton.jit`` picks the interpreter when a kernel is defined under ``TRITON_INTERPRET=1`` (as the test
-session sets it), so this must run in a process without it: ``scripts/triton_aot_report.py``.
+session sets it), so this must run in a process without it: ``scripts/tools/triton_aot_report.py``.
 """
 
 import importlib

@@ -1,5 +1,5 @@
 """The demo adapters `loraplex serve` registers for the demo tenant on a first start, each with the check its
-training must pass: trained on the CPU on first use by scripts/make_demo_adapters.py (a few minutes) into the
+training must pass: trained on the CPU on first use by scripts/tools/make_demo_adapters.py (a few minutes) into the
 data folder. Two answer in a style (a pirate, French); the third calls a weather tool (app/demo/weather.py).
 """
 
@@ -15,7 +15,7 @@ from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-TRAINING_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_demo_adapters.py"
+TRAINING_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tools" / "make_demo_adapters.py"
 CHECK_PROMPT = "What is the capital of France?"  # held out from the training examples, which ask about Italy
 
 

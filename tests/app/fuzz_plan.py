@@ -1,7 +1,7 @@
 """What the API fuzzer sends and checks: schemathesis's settings, the key each route gets, and a few edits to every
 generated request that keep the run fast, the fuzzer's own keys alive, and valid requests valid.
 
-The test (tests/app/test_fuzz_api.py) and the longer run (scripts/fuzz_api.py) both build their run here, so a
+The test (tests/app/test_fuzz_api.py) and the longer run (scripts/drills/fuzz_api.py) both build their run here, so a
 failure the script finds replays in the test with the same seed.
 
 The edits (``fit_case``):

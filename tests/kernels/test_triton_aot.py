@@ -1,7 +1,7 @@
 """Every Triton kernel of ``loraplex_kernels/`` compiles ahead of time for sm_80 and sm_90 in each dtype its launcher
 accepts, with the constexprs and num_warps its launcher passes.
 
-The compile runs once, in a subprocess (``scripts/triton_aot_report.py --json``) without TRITON_INTERPRET
+The compile runs once, in a subprocess (``scripts/tools/triton_aot_report.py --json``) without TRITON_INTERPRET
 (the test session sets it, and under it ``triton.jit`` makes interpreter functions, which do not compile) and
 with a fresh Triton cache, so no cached kernel hides a compile error. The cases are found here by the same
 walk of the package, so a new kernel is a new case (or a failure naming it, without a launch spec).
@@ -46,7 +46,7 @@ def compile_env(cache: Path) -> dict[str, str]:
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], dict]:
     """The report's rows by (kernel, target, dtype), from one compile of everything."""
     result = subprocess.run(
-        [sys.executable, "scripts/triton_aot_report.py", "--json"],
+        [sys.executable, "scripts/tools/triton_aot_report.py", "--json"],
         cwd=ROOT,
         env=compile_env(tmp_path_factory.mktemp("triton-cache")),
         capture_output=True,

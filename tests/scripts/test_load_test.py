@@ -1,4 +1,5 @@
-"""A short run of scripts/load_test.py on the real server and default model: no errors, every figure reported."""
+"""A short run of scripts/benchmarks/load_test.py on the real server and default model: no errors, every figure
+reported."""
 
 import json
 import subprocess
@@ -20,7 +21,8 @@ def test_short_load_run_streams_every_request_to_done_without_errors() -> None:
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/load_test.py",
+            "-m",
+            "scripts.benchmarks.load_test",
             "--clients",
             str(NUM_CLIENTS),
             "--duration",

@@ -1,4 +1,4 @@
-"""A two-step smoke run of scripts/make_demo_adapters.py on a tiny model: it writes loadable PEFT folders."""
+"""A two-step smoke run of scripts/tools/make_demo_adapters.py on a tiny model: it writes loadable PEFT folders."""
 
 import json
 import subprocess
@@ -27,7 +27,7 @@ def test_smoke_run_writes_two_loadable_adapters_and_answers(tmp_path: Path) -> N
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/make_demo_adapters.py",
+            "scripts/tools/make_demo_adapters.py",
             "--model",
             str(model),
             "--out",

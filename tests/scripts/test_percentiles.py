@@ -2,24 +2,15 @@
 
 import importlib
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="module")
 def scripts() -> dict[str, object]:
-    """The benchmark scripts as they run (``python scripts/x.py``: their folder first on the path)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return {
-            name: importlib.import_module(name) for name in ("percentiles", "bench_gateway", "load_stats", "bench_ray")
-        }
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    """The percentile module and the scripts that report percentiles, by their names."""
+    modules = ("common.percentiles", "benchmarks.bench_gateway", "benchmarks.load_stats", "benchmarks.bench_ray")
+    return {name.split(".")[1]: importlib.import_module(f"scripts.{name}") for name in modules}
 
 
 @pytest.mark.parametrize(

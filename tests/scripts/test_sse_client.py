@@ -5,7 +5,7 @@ import json
 
 import httpx
 
-from scripts.sse_client import StreamResult, stream_request
+from scripts.common.sse_client import StreamResult, stream_request
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

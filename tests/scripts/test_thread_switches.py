@@ -1,6 +1,5 @@
 """thread_switches: more busy processes than usable cores show up as time waited for a core (schedstat)."""
 
-import importlib
 import os
 import subprocess
 import sys
@@ -10,17 +9,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from scripts.common import thread_switches as switches
+
 BUSY_S = 1.0
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
-
-
-def _thread_switches():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return importlib.import_module("thread_switches")
-    finally:
-        sys.path.remove(str(SCRIPTS))
 
 
 def _busy_processes(count: int) -> list[subprocess.Popen]:
@@ -32,7 +24,6 @@ def _busy_processes(count: int) -> list[subprocess.Popen]:
     reason="this kernel keeps no run-queue wait per thread (schedstat): the script reports 0 there",
 )
 def test_more_busy_processes_than_cores_wait_for_a_core() -> None:
-    switches = _thread_switches()
     cores = len(os.sched_getaffinity(0))
     processes = _busy_processes(cores + 1)
     try:
