@@ -12,9 +12,9 @@
 namespace loraplex {
 namespace {
 
-// Elements per parallel chunk. A decode step's rows (64 x 576) take ~12 us on one core, about what
-// waking the second thread costs, and on a busy host a woken thread can wait milliseconds for its
-// core; so only prefill-sized steps are split.
+// Elements per parallel chunk. A decode step's rows (64 x 576) take about what waking the second thread
+// costs on one core, and on a busy host a woken thread can wait milliseconds for its core; so only
+// prefill-sized steps are split (docs/benchmarks.md).
 constexpr int64_t kMinElemsPerTask = 65536;
 
 void norm_row(float* x, const float* residual, const float* weight, float* out, int64_t hidden, float eps) {

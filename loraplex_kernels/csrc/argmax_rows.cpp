@@ -1,10 +1,9 @@
 // The index of each row's largest value, as torch.argmax(dim=-1) (semantics: loraplex_kernels/argmax_rows.py).
 //
 // Greedy decoding reads one row of logits per sequence: 64 rows x 49,152 fp32 (12.6 MB) a decode step
-// of the default model. torch's reduction took 2.05 ms of that step (2.1 % of the operator time, about
-// 6 GB/s) and this op 0.28 ms, measured on the 2-core Xeon: each row is one vector pass for its maximum
-// and a second, in L2 by then, for the first index that holds it (ties: the first, as torch), and rows
-// are shared among the threads.
+// of the default model, which torch's reduction reads far below the memory's speed (figures:
+// docs/benchmarks.md). Here each row is one vector pass for its maximum and a second, in L2 by then, for
+// the first index that holds it (ties: the first, as torch), and rows are shared among the threads.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -17,7 +16,7 @@
 namespace loraplex {
 namespace {
 
-// Rows per parallel chunk: a row of the default model's vocabulary takes ~10 us on one core.
+// Rows per parallel chunk: a few rows of the default model's vocabulary outweigh waking another thread.
 constexpr int64_t kMinRowsPerTask = 8;
 
 // The row's maximum, or NaN when it holds one (a NaN wins, as in torch).

@@ -89,9 +89,10 @@ inline void key_rows(const Problem& pb, const int32_t* table, int j0, int last_k
   }
 }
 
-// Prefetch into the outer caches (prefetcht2): measured on the EPYC, one block ahead, this cut a decode
-// step's attention by a third, while prefetcht0 (into L1) stalled on the L1's miss buffers and was slower
-// than no prefetch at all; two or three blocks ahead was slower than one.
+// Prefetch into the outer caches (prefetcht2), one block ahead: a decode step's attention is bound by
+// memory, and the next block's lines then arrive while this one is scored. prefetcht0 (into L1) stalls on
+// the L1's miss buffers, and two or three blocks ahead evict what is still needed (both measured slower:
+// docs/benchmarks.md#native-kernel-constants-and-choices).
 inline void prefetch_bytes(const void* p, int64_t num_bytes) {
   constexpr int kLineBytes = 64;
   constexpr int kLocality = 1;  // prefetcht2
@@ -127,7 +128,7 @@ inline void walk_key_blocks(const Problem& pb, const WorkItem& item, int last_po
       }
     }
     fn(j0, static_cast<const KV* const*>(rows));
-    // Found again rather than copied from next_rows: the copy measured 20 % slower on decode steps.
+    // Found again rather than copied from next_rows: the copy measured slower on decode steps (docs/benchmarks.md).
     if (more) key_rows<kKeys>(pb, table, j0 + kKeys, last_pos, rows);
   }
 }

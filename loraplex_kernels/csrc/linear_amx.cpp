@@ -10,9 +10,9 @@
 // thread takes a run of units in order. While a unit's first 32 rows load its weights, each k-step also
 // prefetches the same k-step's 32 lines of the thread's next unit into L2, so that unit's tile loads find
 // them there: the tile loads of a k-step wait on one another and on the multiplies before them, which keeps
-// few misses in flight (the decode steps' projections 17 % faster in the engine; figures:
-// docs/native-cpu-kernels.md). The sums tiles store straight into the output where they cover only its rows
-// and columns. On the 2-core Xeon with AMX: 219 GMAC/s on one core at 64 rows, the fp32 panels 79.
+// few misses in flight, and the prefetch gives the decode steps' projections more (figures:
+// docs/benchmarks.md#native-kernel-constants-and-choices).
+// The sums tiles store straight into the output where they cover only its rows and columns.
 //
 // linear_amx_silu_mul is the gated MLP's gate/up projection and its SiLU x up in one pass: a unit pairs
 // gate's column block j with up's block j, and its sums become SiLU(gate) x up in the thread's scratch, so
@@ -60,8 +60,8 @@ constexpr int64_t kPanelRowBytes = kPanelWidth * static_cast<int64_t>(sizeof(Bf1
 constexpr int kUnitSide = 2;  // a unit of work: up to 2 row blocks x 2 column blocks
 constexpr int kUnitRows = kUnitSide * kTileRows16, kUnitColumns = kUnitSide * kBlockColumns;
 // Rows a pass over the weights: the bf16 inputs of 512 rows (at most 1.5 MB for 1,536 features) stay in L2,
-// and the weights stream once per 512 rows (against passes of 128: 256 rows 46.5 -> 41.1 ms, 512 rows
-// 82.1 -> 76.0 ms over the default model's 30 layers, two threads).
+// and the weights stream once per 512 rows, fewer times than in passes of 128 (measured faster from 256 rows:
+// docs/benchmarks.md).
 constexpr int64_t kAmxRowsPerPass = 512;
 
 // The tile registers (the intrinsics paste their numbers into the instruction, so the code spells them):
@@ -80,10 +80,10 @@ bool amx_bf16_granted() {
 }
 
 // x [rows, K] fp32 rounded to bf16 (round_row) in tile order, [padded_rows / 16, pairs / 16, 16 rows, 16 pairs]
-// int32: each tile of 16 rows x 16 pairs one contiguous KB, so a tile load reads 16 consecutive lines
-// (against rows of the whole K: 2-6 % faster over the model's projections); zero past K and past the rows.
-// Each row's 32 values of a k-step are rounded straight into their tile row, the row blocks shared by the
-// threads (a decode step's 64 rows too: one thread alone took ~7 % of a pass's time).
+// int32: each tile of 16 rows x 16 pairs one contiguous KB, so a tile load reads 16 consecutive lines rather
+// than 16 rows of the whole K; zero past K and past the rows. Each row's 32 values of a k-step are rounded
+// straight into their tile row, the row blocks shared by the threads (a decode step's 64 rows too: one
+// thread alone kept the other waiting at the GEMM; figures: docs/benchmarks.md).
 at::Tensor round_to_tiles(const at::Tensor& x, int64_t pairs, int64_t padded_rows) {
   const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0), steps = pairs / kTileRows16;
   at::Tensor out = at::empty({padded_rows / kTileRows16, steps, kTileRows16, kTileRows16}, x.options().dtype(at::kInt));

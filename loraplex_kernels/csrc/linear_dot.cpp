@@ -15,8 +15,8 @@
 // Xeon (Sapphire Rapids generation) it takes ~8 cycles and issues one every ~2, so four chains saturate
 // it; AMD Zen 4 is reported at 6 cycles and two ymm (one zmm) a cycle, 12 ymm or 6 zmm chains. There the
 // tile is bound by the instruction's throughput: on the Xeon 15 bf16 products a cycle against the fp32
-// FMAs' 32, so 1.1-1.9x the widened panels' time from 8 rows on; where it issues as fast as the FMAs it
-// does twice their products (figures: docs/precision.md).
+// FMAs' 32, so it takes longer than the widened panels from 8 rows on; where it issues as fast as the FMAs
+// it does twice their products (figures: docs/precision.md).
 //
 // Each output is one chain along k in order, whatever the number of rows: a row's result is the same bits
 // alone or in any batch. Only an AVX-512 build with AVX512-BF16 (-march of a CPU that has it) compiles the

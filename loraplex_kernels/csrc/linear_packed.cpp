@@ -8,13 +8,12 @@
 // fused gate/up weight's panels in pairs and applies SiLU x up in scratch (panel_passes.h).
 //
 // Why not oneDNN's packed GEMM at decode sizes: it streams a panel's weights in from memory, then
-// computes, one after the other (the engine's projections at 64 rows with the weights cold took 67 ms:
-// 41 ms of arithmetic at its rate plus 26 ms of streaming). Here a thread prefetches its next panel into
-// L2 while it computes the current one, so the two overlap (the figures: loraplex_kernels/linear_packed.py).
+// computes, one after the other, so a decode step pays for both in turn. Here a thread prefetches its next
+// panel into L2 while it computes the current one, so the two overlap.
 //
-// At prefill sizes the tiles run 2-5 % behind oneDNN (a whole 1,024-token step: 769-779 ms against
-// 742-758, alternated in one run); BLAS's batched GEMM on the same panels was no faster once its panels
-// were copied into rows (606 + 53 ms of a step's 785), and blocking k for L1 was slower (791-836 ms).
+// At prefill sizes the tiles run a few percent behind oneDNN, and the same tiles serve every batch size:
+// BLAS's batched GEMM on the same panels was no faster once its panels were copied into rows, and blocking
+// k for L1 was slower (figures: docs/benchmarks.md#native-kernel-constants-and-choices).
 //
 // Each output is one fp32 FMA chain along k in order, whatever the number of rows: a row's result is the
 // same bits alone or in any batch.
@@ -22,8 +21,8 @@
 // Panels hold fp32, bf16 or int8 weights (the engine's weight formats). A bf16 or int8 panel row is widened
 // to fp32 (a shift, or a sign extension and a convert) and the arithmetic is the fp32 tile's: the loads it
 // saves are what decode steps are bound by. One tile of rows widens in registers as it loads; more rows
-// widen the panel once into fp32 scratch that stays in L2 and share it (widening per tile cost 17-25 %
-// at 64-256 rows, where the tiles are bound by arithmetic). int8 panels carry one scale per output
+// widen the panel once into fp32 scratch that stays in L2 and share it (widening per tile measured slower
+// at 64-256 rows, where the tiles are bound by arithmetic: docs/benchmarks.md). int8 panels carry one scale per output
 // column, applied once to the finished sums (y = scale * sum_k x * q + bias). These k-major panels are the
 // GEMM of bf16 and int8 weights on every build; linear_dot.cpp holds the other, on AVX512-BF16's dot
 // products, which the engine times against this one at load (engine/bf16_gemm.py).

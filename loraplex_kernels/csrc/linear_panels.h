@@ -22,7 +22,7 @@ constexpr int kPanelWidth = kPanelVectors * kWideLanes;  // 48 on AVX-512, 24 on
 // Rows a tile: accumulators + three panel vectors + one broadcast fill the register file (32 zmm, 16 ymm).
 constexpr int kTileRows = LORAPLEX_AVX512 ? 8 : 4;
 // Rows a pass over the panels: the pass's inputs (128 x K floats) stay in L2 while each thread walks its
-// panels (measured: 1,024 rows in one pass ran ~5 % slower than in passes of 128).
+// panels (1,024 rows in one pass measured slower: docs/benchmarks.md).
 constexpr int64_t kRowsPerPass = 128;
 constexpr int kLineBytes = 64;
 

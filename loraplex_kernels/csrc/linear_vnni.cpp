@@ -45,11 +45,11 @@ constexpr int kBlock = 32;                          // k a block: one activation
 constexpr int kQuadsPerBlock = kBlock / 4;          // panel rows of four k a block
 constexpr int kQuadRowBytes = 4 * kPanelWidth;      // one panel row of k quads: four bytes a column
 // Rows a tile: 12 int32 sums of the current block, 3 panel vectors and a broadcast in registers; the 12 fp32
-// sums, touched once a block, stay in L1 (8 rows, with 24 int32 sums, ran 6 % slower at 64 rows).
+// sums, touched once a block, stay in L1 (8 rows, with 24 int32 sums, measured slower: docs/benchmarks.md).
 constexpr int kVnniTileRows = 4;
 constexpr int kActivationOffset = 128;              // q + 128 makes the activations vpdpbusd's unsigned bytes
 // Rows a thread quantizes at least: a decode batch's 64 rows shared by the threads (they would otherwise
-// wait at the GEMM while one thread quantized them all: ~12 us a call at 64 x 576).
+// wait at the GEMM while one thread quantized them all).
 constexpr int64_t kQuantizeGrain = 16;
 
 int64_t blocks_of(int64_t in_features) { return (in_features + kBlock - 1) / kBlock; }

@@ -14,12 +14,11 @@
 // to fp32 as they are loaded (a shift of each 16-bit lane; the tiled path into scratch, the row path in
 // registers), so the keys stream half the bytes and every product, the softmax and the accumulators stay
 // fp32. Scoring the bf16 keys in place with
-// AVX512-BF16's vdpbf16ps instead (q rounded to bf16 once per item) measured the same on the Xeon (one
-// thread, 16 decode rows: 17.8 / 69.5 / 138.4 ms a 30-layer step at 256 / 1,024 / 2,048 tokens, against
-// 17.2 / 69.1 / 138.8 widening): a decode step is bound by memory, so the widening, exact on the bf16
-// values, with one path for AVX-512 and AVX2, is kept. On bf16 pages on a CPU with AMX-BF16 the tiled path's
+// AVX512-BF16's vdpbf16ps instead (q rounded to bf16 once per item) measured the same (docs/benchmarks.md):
+// a decode step is bound by memory, so the widening, exact on the bf16 values, with one path for AVX-512
+// and AVX2, is kept. On bf16 pages on a CPU with AMX-BF16 the tiled path's
 // items run on the tile unit instead (attention_amx.h: 32 keys a block, q and the softmax weights rounded
-// to bf16 for the products): prefill attention 2-3x faster on the Xeon with AMX (docs/native-cpu-kernels.md).
+// to bf16 for the products), where prefill attention is bound by arithmetic (docs/native-cpu-kernels.md).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -49,9 +48,9 @@ using attention::TilePath;
 using attention::WorkItem;
 
 // Query vectors (rows x grouped heads) per item: each K/V block serves all of them, and their queries
-// and accumulators (2 x 128 x 64 fp32 = 64 KiB at head_dim 64) stay in L2. Measured on the EPYC (one
-// thread, a 512-row chunk of a 3072-token prompt): 32 vectors 1.61 s, 64 1.34 s, 128 1.27 s, 256 1.22 s
-// a step; 128 keeps enough items to share among more threads.
+// and accumulators (2 x 128 x 64 fp32 = 64 KiB at head_dim 64) stay in L2. More vectors an item share each
+// load among more of them, fewer leave more items to share among the threads; 128 is where the gain of
+// more had nearly stopped (docs/benchmarks.md#native-kernel-constants-and-choices).
 constexpr int kTileQueries = 128;
 // A kv head with at least this many query vectors in an item takes the tiled path: below it, the
 // transposed copy of each K block is not repaid (a decode row has `group` vectors per kv head).

@@ -11,8 +11,8 @@
 namespace loraplex {
 namespace {
 
-// Tokens per parallel chunk: a decode step's 64 tokens take ~12 us on one core, about what waking the
-// second thread costs, so only prefill-sized steps are split.
+// Tokens per parallel chunk: a decode step's 64 tokens take about what waking the second thread costs,
+// so only prefill-sized steps are split (docs/benchmarks.md).
 constexpr int64_t kMinTokensPerTask = 128;
 
 // x[i] = x[i] * cos[i] + x[(i + D/2) % D] * signed_sin[i]  (signed_sin = [-sin, sin], cos = [cos, cos])

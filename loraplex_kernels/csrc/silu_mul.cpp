@@ -11,7 +11,7 @@
 namespace loraplex {
 namespace {
 
-// Elements per parallel chunk: ~25 us of exp and divide on one core, well above waking the second thread.
+// Elements per parallel chunk: enough exp and divide on one core to outweigh waking the second thread.
 constexpr int64_t kMinElemsPerTask = 32768;
 
 }  // namespace
