@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"
 BF16_GEMM_CHOICES = (AUTO, WIDEN, DOT)  # the first is the default
 # A calibration: a warm-up call of each format, then rounds of one timed sample of each, the order
-# alternating; a sample is the mean of a few calls (one call of gate/up at 64 rows takes ~1-3 ms on two
-# cores). At least MIN_ROUNDS, then until MAX_ROUNDS or the time budget: well under half a second.
+# alternating; a sample is the mean of a few calls of gate/up at max_num_seqs rows. At least MIN_ROUNDS,
+# then until MAX_ROUNDS or the time budget, so the calibration stays well under half a second.
 CALLS_PER_SAMPLE = 2
 MIN_ROUNDS = 3
 MAX_ROUNDS = 9

@@ -3,8 +3,8 @@
 libgomp (torch's OpenMP runtime) keeps a pool of threads for every thread that opens parallel regions. An
 engine built on one thread (loading, packing and warming up run torch ops) and stepped on another makes it
 manage more threads than there are cores; it then cuts its spin-wait short, so each of a step's parallel
-regions waits for sleeping threads: on 2 cores, small ops ran up to 4 times slower (``silu_mul`` 2.45 ms
-against 0.63) and the same engine-level run 313-315 tok/s against 329-332 on the thread that built it. So
+regions waits for sleeping threads, and small ops run several times slower than on the thread that built
+it (docs/native-cpu-kernels.md#measurements). So
 the step loops (``AsyncEngine``, ``EngineWorker``) take the engine's config and build the engine on their
 own thread before the first step.
 """

@@ -10,11 +10,10 @@ The page pool asks Linux for transparent huge pages (``madvise(MADV_HUGEPAGE)`` 
 honoured where ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``). A decode
 step reads each sequence's K/V a page of 16 tokens at a time, a layer's share of a page is a few KB, and
 the sequence's next page is anywhere in the pool: the default 2 GiB pool spans 524,288 pages of 4 KB, or
-1,024 huge pages. A 2,048-token decode step's attention took 101 ms on huge pages against 141 on 4 KB
-pages on one thread of an Intel Xeon (docs/native-cpu-kernels.md#measurements). The price is paid once,
-at start-up: Linux zeroes each 2 MB page (and compacts memory for it when free memory is fragmented) as
-the pool's zeros first touch it, so allocating the default pool took 0.81-1.11 s instead of 0.46-0.49 s in
-a fresh process on that Xeon, and once 3.2 s right after another 2 GiB had been freed.
+1,024 huge pages, so a long decode step's attention misses the TLB far less
+(docs/native-cpu-kernels.md#measurements). The price is paid once, at start-up: Linux zeroes each 2 MB
+page (and compacts memory for it when free memory is fragmented) as the pool's zeros first touch it, so
+allocating the pool takes longer (docs/benchmarks.md#engine-constants-and-choices).
 """
 
 import ctypes

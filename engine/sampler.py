@@ -82,7 +82,8 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
     Inverse-CDF sampling: one uniform number per row, found in the row's cumulative probabilities. A
     seeded row takes its number from its own generator (one draw, whatever the vocabulary), the others
-    from one call together; torch.multinomial and an exponential race cost 2-20 ms a row here.
+    from one call together; torch.multinomial and an exponential race cost far more a row
+    (docs/benchmarks.md#engine-constants-and-choices).
     """
     scaled = logits.div_(batch.temperature)  # [num_rows, vocab], in place: the step's logits are not needed again
     if batch.top_k is not None:

@@ -7,9 +7,9 @@ named calls that each get one :class:`Reply`. Events come out: :class:`Ready` on
 ``engine/output_delta.py``), replies, the worker's log records, and :class:`Fatal` when it cannot go on.
 
 Encoded with msgspec's MessagePack rather than pickle: the messages are a closed, typed set and decoding
-checks them against it (``SamplingParams`` runs its own checks again on the way in); a step's batch of 64
-outputs is ~2 KiB and encodes and decodes in ~35 µs (pickle: ~100 µs for the same deltas, ~1.4 ms and
-28 KiB for 64 whole ``RequestOutput``\\ s 32 tokens in); and decoding can never run code. Errors cross as
+checks them against it (``SamplingParams`` runs its own checks again on the way in); a step's batch of
+deltas is a few KiB and encodes and decodes faster than pickle's
+(docs/benchmarks.md#engine-constants-and-choices); and decoding can never run code. Errors cross as
 their class name and message (:class:`WireError`) and are rebuilt as the engine's own error classes, so
 the gateway maps them to HTTP statuses as it does for an engine in its process.
 

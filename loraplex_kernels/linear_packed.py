@@ -1,13 +1,10 @@
 """The native GEMM for projections: weights packed once into column panels, every batch size.
 
-Where it runs: the native backend on a CPU the library is built for with AVX-512 (panels of 48 columns).
-There, a decode step's projections and LM head of the default model (30 layers, 538 MB of weights read
-from memory, 2-core Xeon) take 49.8 ms where oneDNN's packed GEMM takes 76.5 at 64 rows (346 against
-225 GFLOP/s), 34.1 against 49.2 at 32 rows, 22.3 against 32.0 at 8, 20.5 against 27.0 at one row; at
-256 rows the two are even (206 and 205 ms), and a whole 1,024-token prefill step takes 2-5 % longer
-(769-779 ms against 742-758, alternated in one run). On AVX2 it builds and passes the same tests (panels
-of 24 columns) but has not been measured against oneDNN there, so the engine keeps oneDNN on such CPUs
-for fp32 weights.
+Where it runs: the native backend on a CPU the library is built for with AVX-512 (panels of 48 columns),
+where a decode step's projections and LM head, bound by streaming the weights from memory, run faster
+than oneDNN's packed GEMM, and prefill steps about as fast (docs/native-cpu-kernels.md#measurements). On
+AVX2 it builds and passes the same tests (panels of 24 columns) but has not been measured against oneDNN
+there, so the engine keeps oneDNN on such CPUs for fp32 weights.
 
 Panels may hold bf16 or int8 weights (per-output-column scales beside them): each panel row is widened
 to fp32 in registers as it is loaded and the arithmetic is the fp32 tile's, so a decode step streams a

@@ -4,8 +4,8 @@ One call per layer and module group reads each adapter's rows from the pool in p
 the tokens that use it, wherever those tokens sit in the step: the plan, built once per step, lists the
 tokens of each *item* (one adapter's rows, see :func:`loraplex_kernels.lora_metadata.segment_items`). The torch
 implementation instead gathers rows with ``index_select`` every layer and, past a few adapters among the
-decode tokens, falls back to batched ``bmm`` with scatters: with 16 adapters those gathers and scatters
-were 14 % of the engine's operator time.
+decode tokens, falls back to batched ``bmm`` with scatters, a large share of the engine's operator time
+with many adapters (docs/benchmarks.md#sgmv-on-cpu-bench_sgmv_cpupy).
 
 The pool may hold the rows in float32 or in bfloat16 (bf16 mode's pool, K/V and adapters in one tensor):
 the op widens bf16 rows to fp32 in registers as it reads them, so x, y and every sum stay float32 and a

@@ -16,9 +16,8 @@ A plan, built once per step and module group (layer independent), lists:
   y and the buffer, nothing copied.
 
 The separate ops issue an ``index_select``, ``bmm`` or ``index_add_`` per batch of equal rank and token
-count, and a call costs 15 to 50 µs on this 2-core CPU however small: with one rank-8 adapter on q/k/v/o,
-a decode step of 32 sequences of SmolLM2-135M took 42 ms more than the base model's 132 ms, almost all of
-it calls; fused, 9 ms more.
+count, and a torch call has a fixed cost however small it is: with few adapters a decode step's LoRA is
+almost all calls, which fusing removes (figures: docs/benchmarks.md#sgmv-on-cpu-bench_sgmv_cpupy).
 """
 
 from dataclasses import dataclass, field
@@ -31,10 +30,8 @@ from loraplex_kernels.sgmv_torch import layer_pieces, sgmv_expand_torch, sgmv_sh
 from loraplex_kernels.sgmv_torch_plan import MAX_SHORT_LEN, SgmvTorchPlan, plan_sgmv_torch
 
 # Past this many adapters among the short segments the dense product's waste (every token times every
-# adapter's columns) costs more than the separate ops' calls. Per layer, SmolLM2-135M's q/k/v and o
-# groups, a decode step of 32 sequences (ranks 8 to 32), fused against separate (medians, a noisy shared
-# host): 4 adapters 0.51 vs 0.49-0.56 ms and 0.25 vs 0.31-0.38; 6: 0.34 vs 0.34 and 0.19 vs 0.28;
-# 7: 0.78 vs 0.54 and 0.38 vs 0.39; 13: 1.70 vs 0.85 and 0.75 vs 0.57.
+# adapter's columns) costs more than the separate ops' calls: measured where the two cross
+# (docs/benchmarks.md#sgmv-on-cpu-bench_sgmv_cpupy).
 MAX_DENSE_ITEMS = 6
 
 

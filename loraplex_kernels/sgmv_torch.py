@@ -11,7 +11,7 @@ Shrink (``v = x @ Aᵀ`` per segment) is a batched matrix product. The tokens re
 (all modules' rows stacked; one adapter, wherever its tokens sit in the step) are an item; items of
 equal total rank form a batch, tokens padded to the batch's most (a call costs more than the padding's
 multiply-adds: with 16 adapters in a decode step, batching by rank and power-of-two length made 9 batches
-a layer where by rank alone it makes 3, and a layer's q/k/v took 0.76 instead of 1.10 ms); per layer a
+a layer where by rank alone it makes 3, and took longer); per layer a
 batch costs an ``index_select`` of its adapters' A rows (the layer's rows of all the step's adapters, a
 few MB, still in cache when read), one of x, a ``bmm`` and an ``index_copy_`` into v.
 An item of many tokens (a prefill chunk) is a batch of its own.
@@ -21,28 +21,11 @@ Expand (``y += v @ Bᵀ`` per segment) of the short segments is one ``embedding_
 reading the rows straight from the pool with no gathered copy, then an ``index_add_`` into y. Long
 segments' expand is a ``bmm`` per (rank, output width), where a matrix product beats row sums.
 
-Measured with ``python -m scripts.benchmarks.bench_sgmv_cpu --threads 1`` (AMD EPYC Genoa VM, fp32, torch 2.13, medians;
-the host was shared, so figures moved by up to ±30% between runs). SmolLM2's q/k/v group (in 576, outs
-576/192/192, 30 layers, P = 6144), a decode batch of 64 tokens, ranks drawn from 8/16/32:
-
-    adapters (segments)    per step: metadata + plan   per layer: shrink  expand  both   base x @ W.T
-    16 (16, by adapter)    0.25 + 0.7 ms                          0.5     0.2     0.65   0.75 ms
-    16 (64, random order)  0.55 + 0.8 ms                          0.7     0.2     0.95   0.75 ms
-    64 (64)                0.85 + 0.7 ms                          1.6     0.6     2.3    0.75 ms
-
-Re-run after batching the shrink by rank alone, alternating with the code before it on a noisier day:
-"both" 0.90-0.91 / 0.83-0.88 / 3.2-3.4 ms for the three rows against 0.98-1.00 / 0.68-1.13 / 2.4-3.4
-(this synthetic batch gives each of 64 adapters one token, so both plans are the same there; with the
-engine's real decode steps the change is measured in the shrink's docstring above).
-The base is the 576 -> 960 projection as F.linear (0.65 to 0.7 ms oneDNN-packed, as the engine runs it).
-With 2 threads the 16-adapter layer took 0.55 to 1.0 ms (base 0.5, packed 0.4); the 2-thread runs with
-64 adapters were distorted by the shared host (ops over ~1 MB stalled on OpenMP barriers while another
-process held a core) and are not quoted. Without a plan (planned on every call) a layer took 2 to 6 ms.
 The shrink is bound by reading the adapters' A rows (8.6 MB a layer for 64 adapters) out of the pool.
-A gather of every layer's rows once per step, then a ``bmm`` per layer, was slower: for 64 adapters the
-gather alone took 450 ms a step (it copies all the adapters' weights, 400 MB, through memory), against
-30 x 2.3 ms here. The expand's bags took 0.2 to 0.6 ms a layer where a gather + ``bmm`` + add took 0.8
-to 1.2 ms.
+A gather of every layer's rows once per step, then a ``bmm`` per layer, was slower: it copies all the
+adapters' weights (400 MB for 64 adapters) through memory every step. The expand's bags were faster than
+a gather + ``bmm`` + add, and planning once per step rather than on every call is what keeps a layer
+cheap. The figures, and the command that measures them: docs/benchmarks.md#sgmv-on-cpu-bench_sgmv_cpupy.
 """
 
 from typing import Protocol

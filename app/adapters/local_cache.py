@@ -5,8 +5,8 @@ engine reads. Before the engine registers an adapter, :func:`ensure_local` check
 against the digest and fills it from the table when it is missing or damaged, so any replica (with its
 own data folder) serves any adapter, and a lost or corrupted cache heals itself.
 
-The check reads and hashes the whole folder (sha256 measured at 1.7 GB/s on the test machine: a few
-ms for a rank-16 adapter of a small model, about 0.3 s plus the read at the 512 MiB upload cap). It
+The check reads and hashes the whole folder (sha256: little for a small model's adapter, most of a
+second at the upload cap; docs/benchmarks.md#gateway-constants-and-choices). It
 runs once per registration, not per request: the engine keeps the weights it read, so a folder damaged
 afterwards is noticed at the next registration.
 """

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import os
 
-# Measured here (1-token requests, median of p50s over 4 runs, engine client level): Serve's
-# throughput-optimized mode (user code and the handle's router on the caller's event loop, request-path
-# logs buffered, handle calls over gRPC) cuts Ray's extra latency from ~7.5 ms to ~2.5 ms over the local
-# worker process. The mode also turns on Serve's direct ingress: an HTTP and a gRPC server in every
-# replica and Serve's proxy actor on the head node, none of which the gateway uses (it calls the replicas
-# through a handle), so direct ingress stays off.
+# Serve's throughput-optimized mode (user code and the handle's router on the caller's event loop,
+# request-path logs buffered, handle calls over gRPC) cuts most of Ray's extra latency over the local
+# worker process (docs/benchmarks.md#gateway-constants-and-choices). The mode also turns on Serve's direct
+# ingress: an HTTP and a gRPC server in every replica and Serve's proxy actor on the head node, none of
+# which the gateway uses (it calls the replicas through a handle), so direct ingress stays off.
 THROUGHPUT_OPTIMIZED = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
-# Ray's own bookkeeping, slowed or turned off: while a replica stepped 64 streams on a 2-core machine,
-# the GCS took 1.7 % of a core and the dashboard agent 0.7 %, all of it taken from the engine's two
-# threads; with these, 0.7 % and none (Ray's task-event and metrics reporting off, Serve's cached metrics
-# exported every second instead of every 0.1 s). The gateway's own
+# Ray's own bookkeeping, slowed or turned off: while a replica steps, the GCS's and the dashboard agent's
+# CPU is taken from the engine's threads (docs/ray-serve.md#what-a-request-pays-for-ray measures it). So
+# Ray's task-event and metrics reporting are off, and Serve's cached metrics exported every second instead
+# of every 0.1 s. The gateway's own
 # /metrics are unaffected; Ray's Prometheus metrics and its task list (the dashboard's state API) go
 # quiet, so an operator who wants them sets these back.
 QUIET_RAY = {

@@ -21,7 +21,7 @@ tests pass a time of their own instead (the first argument; empty for the server
 given to ``redis.call`` become strings with 14 digits, too few for a time in seconds since 1970 to the
 microsecond, so times are formatted with 17 (``f``) and counts as integers (``d``). The admission and
 the settle answer one string of space-separated fields (``-`` for "no time"): parsing nested arrays cost
-the gateway a fifth more CPU per admission and settle (0.38 against 0.30 ms, measured). Window keys
+the gateway more CPU per admission and settle (docs/benchmarks.md#gateway-constants-and-choices). Window keys
 expire a little after the window (an idle tenant leaves nothing behind); a month's counter a week after
 its month.
 """

@@ -1,8 +1,9 @@
 """A labelled Prometheus histogram cheap enough to observe once per generated token.
 
-prometheus_client's Histogram takes a lock and increments a value object per bucket: about 5 µs an
-observation, and the inter-token histogram gets one per token of every request. Here an observation is
-a bisect and two additions. No lock: observations and scrapes all run on the app's event loop.
+prometheus_client's Histogram takes a lock and increments a value object per bucket on every
+observation (docs/benchmarks.md#gateway-constants-and-choices), and the inter-token histogram gets one per
+token of every request. Here an observation is a bisect and two additions. No lock: observations and
+scrapes all run on the app's event loop.
 """
 
 from __future__ import annotations

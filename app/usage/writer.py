@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 _COLUMNS = UsageRecord.__struct_fields__  # the record's fields are the table's columns, in this order
 # One prepared statement, each row bound to it by asyncpg's executemany: atomic, one round trip a batch,
-# on a connection the writer keeps. Through SQLAlchemy's pool (checkout, pre-ping, BEGIN, the insert,
-# COMMIT) a batch of 40 rows took 3.0 ms of the event loop's CPU; this takes 0.8 ms.
+# on a connection the writer keeps, rather than SQLAlchemy's pool (checkout, pre-ping, BEGIN, the insert,
+# COMMIT), which took several times the event loop's CPU a batch (docs/benchmarks.md#gateway-constants-and-choices).
 INSERT_USAGE_SQL = (
     f"INSERT INTO {UsageEvent.__tablename__} ({', '.join(_COLUMNS)}) "
     f"VALUES ({', '.join(f'${number}' for number in range(1, len(_COLUMNS) + 1))}) "

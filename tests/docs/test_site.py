@@ -28,7 +28,7 @@ ENV_LITERAL = re.compile(r"""["'](LORAPLEX_[A-Z0-9_]+|DATABASE_URL)["']""")
 ENV_NAME = re.compile(r"\b(LORAPLEX_[A-Z0-9_]*[A-Z0-9]|DATABASE_URL)\b")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
-DOC_CITATION = re.compile(r"docs/([a-z0-9-]+\.md)(?:#([a-z0-9-]+))?")
+DOC_CITATION = re.compile(r"docs/([a-z0-9-]+\.md)(?:#([a-z0-9_-]+))?")  # mkdocs keeps underscores in anchors
 
 
 def env_names_read_by_code() -> set[str]:
