@@ -17,7 +17,8 @@ def test_kv_step_reports_streamed_and_cached_times():
     for name, value_bytes in (("fp32", 4), ("bf16", 2)):
         assert entry[f"{name}_kv_cached_ms"] > 0
         kv_bytes = KV_ROWS * CONTEXT * NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * value_bytes
-        assert entry[f"{name}_kv_gb_s"] == pytest.approx(kv_bytes / entry[f"{name}_kv_ms"] / 1e6, rel=0.05)
+        rate_gb_s = kv_bytes / entry[f"{name}_kv_ms"] / 1e6  # reported to 0.1 GB/s: slow on a busy machine
+        assert entry[f"{name}_kv_gb_s"] == pytest.approx(rate_gb_s, rel=0.05, abs=0.05)
 
 
 def test_step_reports_the_native_op_on_bf16_pages():

@@ -1,10 +1,14 @@
-"""A two-step smoke run of scripts/tools/make_demo_adapters.py on a tiny model: it writes loadable PEFT folders."""
+"""A two-step smoke run of scripts/tools/make_demo_adapters.py on a tiny model: it writes loadable PEFT folders.
+
+The run starts the script where `loraplex serve` starts it on a first start (app/demo/adapters.py).
+"""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from app.demo.adapters import TRAINING_SCRIPT
 from engine.config import ModelConfig
 from engine.lora_adapter import load_lora_adapter
 from tests.engine.tiny_models import make_tiny_model
@@ -27,7 +31,7 @@ def test_smoke_run_writes_two_loadable_adapters_and_answers(tmp_path: Path) -> N
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/tools/make_demo_adapters.py",
+            str(TRAINING_SCRIPT),
             "--model",
             str(model),
             "--out",
