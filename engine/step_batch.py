@@ -1,8 +1,8 @@
 """Per-step metadata: which token goes where, built once per step and passed to every layer."""
 
 import dataclasses
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 

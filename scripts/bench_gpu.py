@@ -15,8 +15,9 @@ naming one of 16 (then 64) synthetic adapters of rank 16 on every linear module,
 - ``hf_tok_s_base`` / ``hf_tok_s_16``: transformers' ``generate`` (+ PEFT for adapters) on the same
   requests in static batches of --hf-batch, the anchor (skipped with --skip-hf).
 
-``--quick`` runs a tiny shape on the CPU (what ``make test`` runs). Its compute is close to nothing, so the
-decode step at 256 rows measures the host's work around the kernels: ``host_step_ms`` with 16 adapters and
+``--quick`` runs a tiny shape (64 wide, 2 layers, a 512-token vocabulary) on one CPU thread (what ``make test``
+runs). Its compute is close to nothing, so the decode step at 256 rows measures the host's work around the
+kernels: ``host_step_ms`` with 16 adapters and
 ``host_step_ms_base`` without, the figure to watch when making the host's share of a step smaller.
 
     python scripts/bench_gpu.py --json            # on a CUDA machine; last line: one JSON object
@@ -43,9 +44,9 @@ from engine.config import ModelConfig
 
 logger = logging.getLogger("bench_gpu")
 
-SHAPES = {  # name: (hidden, layers, heads, kv heads, intermediate)
-    "llama-1b": (2048, 16, 32, 8, 8192),
-    "tiny": (64, 2, 4, 2, 128),
+SHAPES = {  # name: (hidden, layers, heads, kv heads, intermediate, vocab: None for the tokenizer's)
+    "llama-1b": (2048, 16, 32, 8, 8192, None),
+    "tiny": (64, 2, 4, 2, 128, 512),  # a small vocabulary too, so the LM head costs nothing either
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_RANK = 16
@@ -60,10 +61,10 @@ def write_random_model(folder: Path, shape: str, tokenizer_folder: Path, dtype: 
         return folder
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, kv_heads, intermediate = SHAPES[shape]
+    hidden, layers, heads, kv_heads, intermediate, vocab = SHAPES[shape]
     source = json.loads((tokenizer_folder / "config.json").read_text())
     config = LlamaConfig(
-        vocab_size=source["vocab_size"],
+        vocab_size=vocab or source["vocab_size"],
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
@@ -163,7 +164,8 @@ def profile_decode_step(engine: Engine, prompts: list[list[int]], adapters: list
 def floor_ms(engine: Engine, cfg: ModelConfig, context_tokens: int, bandwidth_gbs: float) -> float:
     """Every projection's weight and ``context_tokens`` tokens of K/V per sequence read once, at ``bandwidth_gbs``."""
     weights = engine.model.weights
-    linears = [weights.lm_head] + [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears = [weights.lm_head]
+    linears += [w for layer in weights.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     weight_bytes = sum(w.weight.numel() * w.weight.element_size() for w in linears)
     kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.pool.storage.element_size()  # a token
     return (weight_bytes + NUM_ROWS * context_tokens * kv_bytes) / (bandwidth_gbs * 1e9) * 1000
@@ -186,7 +188,8 @@ def run_hf(folder: Path, adapter_paths: list[Path], prompts: list[list[int]], nu
     start = time.perf_counter()
     for first in range(0, len(prompts), batch):
         ids = torch.tensor(prompts[first : first + batch], device=device)  # [batch, prompt_len], equal lengths
-        extra = {"adapter_names": [f"a{i % len(adapter_paths)}" for i in range(first, first + len(ids))]} if adapter_paths else {}
+        names = [f"a{i % len(adapter_paths)}" for i in range(first, first + len(ids))] if adapter_paths else None
+        extra = {"adapter_names": names} if names else {}
         with torch.inference_mode():
             model.generate(
                 input_ids=ids,
@@ -210,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=None, help="default 128 (24 with --quick)")
     parser.add_argument("--kernels", default="auto", choices=("auto", "torch", "native", "triton"))
     parser.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="the device's memory bandwidth (H200)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --quick)")
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(EngineConfig(
         model=str(folder), device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
         kernels=args.kernels, max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS),
-        num_speculative_tokens=0,
+        num_speculative_tokens=0, num_threads=args.threads or (1 if args.quick else None),
     ))
     cfg = engine.model_config
     adapter_paths = [
