@@ -18,8 +18,8 @@ from app.console.sessions import ConsoleSessions
 from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.observability.routes import OPS_ROUTES
-from app.openai.controller import OPENAI_ROUTES
-from app.openai.responses_controller import STORED_RESPONSE_ROUTES
+from app.openai.chat.controller import OPENAI_ROUTES
+from app.openai.responses.controller import STORED_RESPONSE_ROUTES
 from app.settings import Settings
 from app.web.errors import ApiError
 from app.web.request_context import RequestIdMiddleware

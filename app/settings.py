@@ -10,7 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
-from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
+from app.openai.chat.request_schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
 from app.tool_calls.formats import DEFAULT_FORMAT, FORMATS
 
 APP_NAME = "loraplex"

@@ -18,9 +18,9 @@ from litestar.response import Stream
 
 from app.keys.authenticator import Principal
 from app.keys.service import Scope
-from app.openai.responses_schemas import ResponseObject, ResponsesRequest
-from app.openai.schemas import ChatCompletionRequest, CompletionRequest
-from app.openai.schemas_responses import ChatCompletion, Completion, ModelList
+from app.openai.chat.reply_schemas import ChatCompletion, Completion, ModelList
+from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.responses.schemas import ResponseObject, ResponsesRequest
 from app.services import gateway_of
 from app.web.disconnect import cancel_on_disconnect
 from app.web.errors import ApiError

@@ -3,12 +3,12 @@
 Requests forbid unknown fields, so a parameter this server does not know is a 400 naming it rather than
 being silently ignored. Every parameter OpenAI's reference defines for these two endpoints is a field:
 those whose value asks for something this server lacks (``store: true``, audio...) are refused by
-app/openai/unsupported.py with a 400 that says so.
+app/openai/chat/unsupported.py with a 400 that says so.
 
 The limits on values (``temperature`` within [0, 2], ``n`` up to LORAPLEX_MAX_N...) are checked in
-app/openai/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema in
+app/openai/chat/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema in
 ``extra_json_schema``, so that the OpenAPI schema tells clients the same. Response bodies are in
-app/openai/schemas_responses.py.
+app/openai/chat/reply_schemas.py.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import PathParameter, QueryParameter
 
 from app.keys.service import Scope
-from app.openai.responses_schemas import INCLUDABLE, MAX_LISTED_ITEMS, DeletedResponse, InputItemList, ResponseObject
-from app.openai.responses_service import DEFAULT_LISTED_ITEMS
+from app.openai.responses.schemas import INCLUDABLE, MAX_LISTED_ITEMS, DeletedResponse, InputItemList, ResponseObject
+from app.openai.responses.service import DEFAULT_LISTED_ITEMS
 from app.services import gateway_of
 from app.web.responses import ERROR_RESPONSES
 
