@@ -10,8 +10,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_gpu.py"
 
 def test_quick_reports_the_host_step_with_and_without_adapters(tmp_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", "--skip-hf", "--output-len", "6"]
-        + ["--model-dir", str(tmp_path)],
+        [sys.executable, str(SCRIPT), "--quick", "--json", "--skip-hf", "--output-len", "6", "--model-dir", tmp_path],
         capture_output=True,
         text=True,
         timeout=600,
