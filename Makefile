@@ -18,6 +18,9 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(PY) -m pip install --quiet "$$(grep -m1 '^uv==' $(LOCK))" "$$(grep -m1 '^torch==' $(LOCK))"
 	$(UV) pip sync --quiet --python $(PY) $(LOCK)
 	$(UV) pip install --quiet --python $(PY) --no-deps -e .
+	# The native CPU kernels, built now so the server's and the tests' first start find them built. Without a
+	# C++ compiler, or when the build fails, set-up goes on (the reason is printed): the engine runs torch's kernels.
+	$(VENV)/bin/loraplex kernels build || echo "make: set-up goes on without the native CPU kernels (reason above)" >&2
 	touch $(STAMP)
 
 # Refreshes requirements.lock to the newest releases that pyproject.toml allows (extras dev and ray included).

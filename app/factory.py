@@ -18,8 +18,8 @@ from app.console.sessions import ConsoleSessions
 from app.engine_clients.interface import EngineClient
 from app.gateway import gateway_lifespan
 from app.observability.routes import OPS_ROUTES
-from app.openai.controller import OPENAI_ROUTES
-from app.openai.responses_controller import STORED_RESPONSE_ROUTES
+from app.openai.chat.controller import CHAT_ROUTES
+from app.openai.responses.controller import RESPONSES_ROUTES
 from app.settings import Settings
 from app.web.errors import ApiError
 from app.web.request_context import RequestIdMiddleware
@@ -37,7 +37,7 @@ def create_app(
     settings = settings or Settings.from_env()
     console_routes = [console_router(), console_static_router()] if settings.console else []
     app = Litestar(
-        route_handlers=[*OPENAI_ROUTES, *STORED_RESPONSE_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES, *console_routes],
+        route_handlers=[*CHAT_ROUTES, *RESPONSES_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES, *console_routes],
         template_config=console_templates() if settings.console else None,
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],

@@ -35,12 +35,12 @@ from app.limits.budget import usage_loader
 from app.limits.factory import open_limiter
 from app.model_store import resolve_model
 from app.observability.metrics import GatewayMetrics
-from app.openai.responses_service import ResponsesService
-from app.openai.service import OpenAIService
+from app.openai.chat.service import OpenAIService
+from app.openai.responses.service import ResponsesService
+from app.openai.responses.storage import ResponseStore
+from app.openai.responses.sweeper import ResponseSweeper
 from app.services import Gateway
 from app.settings import Settings, SettingsError
-from app.stored_responses.store import ResponseStore
-from app.stored_responses.sweeper import ResponseSweeper
 from app.tool_calls.style import ChatStyle, base_chat_style
 from app.tool_calls.templates import ChatTemplateError
 from app.usage.writer import UsageWriter

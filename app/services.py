@@ -20,8 +20,8 @@ from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Authenticator
 from app.limits.limiter import Limiter
 from app.observability.metrics import GatewayMetrics
-from app.openai.responses_service import ResponsesService
-from app.openai.service import OpenAIService
+from app.openai.chat.service import OpenAIService
+from app.openai.responses.service import ResponsesService
 from app.settings import Settings
 from app.usage.writer import UsageWriter
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
-from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
-from app.tool_calls.formats import DEFAULT_FORMAT, FORMATS
+from app.settings_defaults import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, DEFAULT_TOOL_CALL_FORMAT, TOOL_CALL_FORMATS
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -28,7 +27,6 @@ ENGINE_KINDS = ("local", "process", "thread", "ray")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the first is the default
 QUANTIZATION_CHOICES = ("int8",)
 BF16_GEMMS = ("auto", "widen", "dot")  # the first is the default (engine/bf16_gemm.py)
-TOOL_CALL_FORMATS = (DEFAULT_FORMAT, *sorted(name for name in FORMATS if name != DEFAULT_FORMAT))  # the default first
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
 # budget are spending the tenant did not agree to).
@@ -198,7 +196,7 @@ class Settings:
     """A Jinja chat template file for the base model's chat requests with tools (LORAPLEX_CHAT_TEMPLATE); None:
     the shipped ChatML template that renders tools and calls in the hermes format (docs/tools.md)."""
 
-    tool_call_format: str = "hermes"
+    tool_call_format: str = DEFAULT_TOOL_CALL_FORMAT
     """The base model's tool-call format (LORAPLEX_TOOL_CALL_FORMAT): hermes, llama3_json, mistral or pythonic."""
 
     @classmethod

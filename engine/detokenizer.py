@@ -1,10 +1,23 @@
 """Token ids to text, one token at a time, never splitting a UTF-8 character or leaking a stop string."""
 
+from collections.abc import Callable
+from functools import partial
+
 from transformers import PreTrainedTokenizerBase
 
 # Prompt tokens decoded with the first output tokens, so a word-initial space renders as the model meant.
 NUM_CONTEXT_TOKENS = 5
 REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for a byte sequence that is not complete yet
+
+
+def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` as one callable. For a fast tokenizer that cleans up no
+    spaces (transformers then adds nothing to the Rust tokenizer's result) it is the Rust tokenizer's own
+    ``decode``, which skips transformers' conversion of its arguments on each of a token's two calls."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return partial(backend.decode, skip_special_tokens=True)
+    return partial(tokenizer.decode, skip_special_tokens=True)
 
 
 class IncrementalDetokenizer:
@@ -22,7 +35,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: list[int],
         stop: tuple[str, ...] = (),
     ) -> None:
-        self._tokenizer = tokenizer
+        self._decode = decoder_of(tokenizer)
         self._ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -37,9 +50,8 @@ class IncrementalDetokenizer:
         if self.stopped or is_stop_token:
             return ""
         self._ids.append(token_id)
-        decode = self._tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        full = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
             return ""
         search_from = max(0, len(self.text) - self._hold)

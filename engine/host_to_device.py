@@ -85,22 +85,34 @@ def _collect(node: object, found: dict[int, torch.Tensor]) -> None:
             _collect(value, found)
 
 
-def _replace(node: T, views: dict[int, torch.Tensor]) -> T:
+def _replace(node: T, views: dict[int, torch.Tensor], memo: dict[int, object] | None = None) -> T:
+    """``node`` with its moved tensors replaced; an object met twice becomes one new object (``memo``, by id), so
+    references between values survive the move (a plan that names the metadata it was built for still names
+    the moved metadata)."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]  # type: ignore[return-value]
+    new = _replace_once(node, views, memo)
+    memo[id(node)] = new
+    return new
+
+
+def _replace_once(node: T, views: dict[int, torch.Tensor], memo: dict[int, object]) -> T:
     if isinstance(node, torch.Tensor):
         return views.get(id(node), node)
     if _is_value(node):
         changes = {}
         for field in dataclasses.fields(node):
             value = getattr(node, field.name)
-            new = _replace(value, views)
+            new = _replace(value, views, memo)
             if new is not value:
                 changes[field.name] = new
         return dataclasses.replace(node, **changes) if changes else node
     if isinstance(node, dict):
-        items = {key: _replace(value, views) for key, value in node.items()}
+        items = {key: _replace(value, views, memo) for key, value in node.items()}
         return items if any(items[key] is not value for key, value in node.items()) else node
     if isinstance(node, tuple):
-        values = [_replace(value, views) for value in node]
+        values = [_replace(value, views, memo) for value in node]
         if all(new is old for new, old in zip(values, node, strict=True)):
             return node
         return type(node)(*values) if hasattr(node, "_fields") else tuple(values)

@@ -2,6 +2,7 @@
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -38,6 +39,15 @@ class StepBatch:
         return self.input_ids.shape[0]
 
 
+def _row_order(item: ScheduledSeq, group_adapters: bool) -> tuple[bool, str, int]:
+    """Decode rows first. The torch attention wants them shortest context first (its buckets then pad little);
+    the other backends take them by adapter, so each adapter's decode rows are one SGMV segment (a step of
+    256 rows over 16 adapters has 16 segments, not up to 256, and its tables are built in as many passes)."""
+    adapter = item.seq.adapter
+    key = adapter.digest if group_adapters and adapter is not None else ""
+    return item.num_new_tokens != 1, key, item.seq.num_computed_tokens
+
+
 def build_step_batch(
     scheduled: tuple[ScheduledSeq, ...],
     pool: PagePool,
@@ -52,9 +62,8 @@ def build_step_batch(
     The torch attention gets its decode buckets planned here, once for every layer; the native and the
     Triton attention need only the int32 tensors.
     """
-    # Decode rows first, shortest context first, so the torch attention's buckets pad little.
     block_size = pool.block_size
-    items = sorted(scheduled, key=lambda item: (item.num_new_tokens != 1, item.seq.num_computed_tokens))
+    items = sorted(scheduled, key=partial(_row_order, group_adapters=backend is not KernelBackend.TORCH))
     num_decode = sum(item.num_new_tokens == 1 for item in items)
     input_ids: list[int] = []
     positions: list[int] = []

@@ -132,6 +132,7 @@ def build_sgmv_metadata(
     v_cols: list[tuple[int, ...]] = []
     v_width = 0
     max_row_end = 0
+    row_ends: dict[tuple[int, int, int, int], int] = {}  # (module, start_a, start_b, rank): its rows' furthest end
     for index, (num_tokens, modules) in enumerate(segments):
         if num_tokens < 0:
             raise ValueError(f"segment {index} has {num_tokens} tokens")
@@ -150,11 +151,13 @@ def build_sgmv_metadata(
                     f"fall outside the row table of {num_rows} rows"
                 )
             if rank:
-                max_row_end = max(
-                    max_row_end,
-                    max(row_addr[start_a : start_a + rank]) + in_dim,
-                    max(row_addr[start_b : start_b + rank]) + out_dims[module],
-                )
+                rows_key = (module, start_a, start_b, rank)
+                if rows_key not in row_ends:  # segments of one adapter name the same rows: read them once
+                    row_ends[rows_key] = max(
+                        max(row_addr[start_a : start_a + rank]) + in_dim,
+                        max(row_addr[start_b : start_b + rank]) + out_dims[module],
+                    )
+                max_row_end = max(max_row_end, row_ends[rows_key])
             starts_a.append(start_a)
             starts_b.append(start_b)
             seg_ranks.append(rank)

@@ -4,7 +4,9 @@ The C++ sources compile with ``torch.utils.cpp_extension.load`` into torch's ext
 name keyed by a hash of the sources, the torch version, the compiler flags and the CPU's feature flags,
 so a changed source, a new torch or another CPU gets its own build and an unchanged one loads in
 milliseconds. On the 2-core EPYC development machine (g++ 12, ninja) the first build takes about 40 s
-of wall time (26 s of CPU: one translation unit per op, compiled in parallel).
+of wall time (26 s of CPU: one translation unit per op, compiled in parallel). The set-up step builds it
+(``loraplex kernels build``), so the engine's first start finds it built; :mod:`loraplex_kernels.build_lock`
+lets one process build at a time and clears the lock a killed build leaves behind.
 
 LORAPLEX_NATIVE_MARCH (e.g. ``haswell``) builds for another x86 target than this CPU's own, so the AVX2
 code paths can be built and tested on an AVX-512 machine.
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from loraplex_kernels.build_lock import build_folder, load_library
+
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
@@ -47,6 +51,7 @@ class NativeBuild:
 
     ops: object | None
     reason: str | None
+    folder: Path | None = None  # the build folder in torch's extensions folder, where the library is
 
 
 class NativeKernelsUnavailableError(RuntimeError):
@@ -64,6 +69,11 @@ def require_native_ops() -> object:
     if build.ops is None:
         raise NativeKernelsUnavailableError(f"the native CPU kernels are unavailable: {build.reason}")
     return build.ops
+
+
+def build_native() -> NativeBuild:
+    """Build (when needed) and load the library now: its ops and build folder, or why there is none."""
+    return _build()
 
 
 def unavailable_reason() -> str | None:
@@ -88,25 +98,16 @@ def _build_once() -> NativeBuild:
     name = f"loraplex_native_{_build_key(flags)}"
     started = time.perf_counter()
     try:
-        from torch.utils import cpp_extension
-
-        if not _is_built(cpp_extension, name):
-            logger.info("building native CPU kernels (once, ~%d s)", BUILD_SECONDS_HINT)
-        cpp_extension.load(
-            name=name,
-            sources=[str(path) for path in sources],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(CSRC)],
-            is_python_module=False,
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError, ValueError) as error:
+        folder = build_folder(name)
+        if not (folder / f"{name}.so").is_file():
+            logger.info("building native CPU kernels in %s (once, ~%d s)", folder, BUILD_SECONDS_HINT)
+        load_library(name, sources, flags, ["-fopenmp"], [CSRC])
+    except (RuntimeError, OSError, ImportError, ValueError, AttributeError) as error:  # BuildLockTimeoutError too
         reason = f"building the native CPU kernels failed: {str(error).strip()[-2000:]}"
         logger.warning("native CPU kernels unavailable: %s", reason)
         return NativeBuild(None, reason)
     logger.info("native CPU kernels %s ready in %.1f s", name, time.perf_counter() - started)
-    return NativeBuild(torch.ops.loraplex, None)
+    return NativeBuild(torch.ops.loraplex, None, folder)
 
 
 def _x86_flags() -> list[str]:
@@ -140,12 +141,3 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return platform.machine() + platform.processor()
-
-
-def _is_built(cpp_extension, name: str) -> bool:
-    """Whether this key's library is already in torch's extensions folder (only to word the log line)."""
-    try:
-        folder = Path(cpp_extension._get_build_directory(name, verbose=False))
-    except (AttributeError, OSError):  # a private helper of torch's; without it, assume a build
-        return False
-    return (folder / f"{name}.so").is_file()

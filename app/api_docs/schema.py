@@ -24,9 +24,9 @@ from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Re
 
 from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
 from app.api_docs.examples import add_response_examples
-from app.openai.responses_schemas import INPUT_SCHEMA, TOOLS_SCHEMA, ResponsesRequest
-from app.openai.schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
-from app.openai.schemas_responses import ChatCompletionChunk, Completion
+from app.openai.chat.reply_schemas import ChatCompletionChunk, Completion
+from app.openai.chat.request_schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest
+from app.openai.responses.schemas import INPUT_SCHEMA, TOOLS_SCHEMA, ResponsesRequest
 from app.web.responses import ERROR_DESCRIPTIONS, JSON
 
 REQUEST_BODIES = (

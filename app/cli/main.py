@@ -138,6 +138,25 @@ def serve(context: _Context, host: str, port: int) -> None:
     run_server(context.settings, listener)
 
 
+@cli.group(help="The native CPU kernels (C++, built once per machine and CPU).")
+def kernels() -> None:
+    pass
+
+
+@kernels.command(
+    "build",
+    help="Build the native CPU kernels for this CPU now (else the engine builds them at its first start); print "
+    "their folder. LORAPLEX_NATIVE_MARCH builds for another x86 target (e.g. haswell), CXX names the compiler.",
+)
+def kernels_build() -> None:
+    from loraplex_kernels.native_cpu import build_native
+
+    build = build_native()
+    if build.ops is None:
+        raise click.ClickException(f"{build.reason}\nThe engine runs torch's kernels instead (slower).")
+    click.echo(build.folder)
+
+
 @cli.command(help="Check this machine: the device, the kernel backend, each op against torch, a short timed generate.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @pass_context

@@ -1,1 +1,1 @@
-"""The OpenAI-compatible API: chat completions, completions and models."""
+"""The OpenAI-compatible API: chat completions, completions and models (chat/), and the Responses API (responses/)."""

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.settings_defaults import DEFAULT_TOOL_CALL_FORMAT
 from app.tool_calls.pythonic_grammar import arguments_grammar
 from engine.grammar import MAX_JSON_WHITESPACE
 
@@ -176,7 +177,7 @@ PYTHONIC = ToolCallFormat(
 )
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC)}
-DEFAULT_FORMAT = HERMES.name
+DEFAULT_FORMAT = DEFAULT_TOOL_CALL_FORMAT  # the setting's default names the format it takes
 
 
 def get_format(name: str) -> ToolCallFormat:

@@ -39,8 +39,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from app.demo import weather
 from app.demo.adapters import DEMO_ADAPTERS, DemoAdapter
 from app.model_store import resolve_model
-from app.openai.schemas import ChatCompletionRequest
-from app.openai.tool_prompts import template_messages, template_tools
+from app.openai.chat.request_schemas import ChatCompletionRequest
+from app.openai.chat.tool_prompts import template_messages, template_tools
 from app.settings import Settings
 from app.tool_calls.templates import ChatTemplate
 from engine.config import ModelConfig

@@ -60,7 +60,7 @@ from app.adapters.store import register_adapter
 from app.admin.usage_service import MAX_DAYS
 from app.db.tables import ApiKey, Tenant
 from app.keys.service import Scope, create_api_key
-from app.openai.schemas import MAX_TOKEN_ID
+from app.openai.chat.request_schemas import MAX_TOKEN_ID
 from app.services import Gateway
 
 SCHEMA_PATH = "/schema/openapi.json"

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from app.adapters.resolver import ResolvedModel
-from app.openai.chat_styles import ChatStyles
+from app.openai.chat.styles import ChatStyles
 from app.tool_calls import FORMATS
 from app.tool_calls.style import base_chat_style
 from app.web.errors import ServiceUnavailableError

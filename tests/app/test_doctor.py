@@ -11,11 +11,11 @@ from pathlib import Path
 import click.testing
 import pytest
 import torch
-from kernels import format_checks, op_checks
-from kernels import linear as linear_module
 
 from app.cli.main import cli
 from engine.bf16_gemm import dot_runs
+from loraplex_kernels import format_checks, op_checks
+from loraplex_kernels import linear as linear_module
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.native_cpu import native_ops, unavailable_reason
 from tests.engine.tiny_models import make_tiny_model

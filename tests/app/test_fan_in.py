@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.openai.fan_in import fan_in
+from app.openai.chat.fan_in import fan_in
 from engine import RequestOutput
 from engine.errors import RequestError
 

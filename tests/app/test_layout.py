@@ -13,6 +13,8 @@ APP = Path(__file__).resolve().parents[2] / "app"
 COMPOSITION_ROOT = "app.gateway"
 ROOT_IMPORTERS = {"app.factory"}  # create_app() runs the gateway in the app's lifespan
 PLUMBING = "app.web"  # the HTTP helpers every package may use, so they use no other package
+SETTINGS = "app.settings"  # the environment's edge: the modules it configures depend on it, not it on them
+BELOW_SETTINGS = ("app.openai", "app.tool_calls")  # what the settings must not import
 
 
 def module_name(path: Path) -> str:
@@ -82,6 +84,14 @@ def test_the_http_plumbing_imports_nothing_else_of_the_app() -> None:
         if imported != PLUMBING and not imported.startswith(f"{PLUMBING}.")
     }
     assert not outside, f"{PLUMBING} is below every other package: {sorted(outside)}"
+
+
+def test_the_settings_import_no_http_module() -> None:
+    imported = import_graph()[SETTINGS]
+    wrong = sorted(name for name in imported for below in BELOW_SETTINGS if f"{name}.".startswith(f"{below}."))
+    assert not wrong, (
+        f"{SETTINGS} imports {wrong}: put the defaults and choices it shares with them in app/settings_defaults.py"
+    )
 
 
 def test_no_module_of_the_app_imports_itself_back() -> None:

@@ -26,7 +26,7 @@ from app.limits.memory_store import MemoryStore
 from app.limits.redis_store import RedisStore
 from app.limits.store import LimitStore
 from app.observability.metrics import GatewayMetrics
-from app.openai.runs import Run, Submission, metered_outputs
+from app.openai.chat.runs import Run, Submission, metered_outputs
 from app.usage.records import UsageRecord
 from app.web.errors import InsufficientQuotaError, RateLimitError
 from engine import RequestOutput, SamplingParams

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from app.openai.prompts import OFF_LOOP_CHARS
+from app.openai.chat.prompts import OFF_LOOP_CHARS
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events, usage_rows
 
 pytestmark = pytest.mark.anyio

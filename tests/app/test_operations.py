@@ -41,7 +41,7 @@ async def test_log_lines_carry_the_request_id_of_their_response(gateway_settings
             )
         assert response.status_code == 200
     request_id = response.headers["x-request-id"]
-    (record,) = [r for r in caplog.records if r.name == "app.openai.runs"]
+    (record,) = [r for r in caplog.records if r.name == "app.openai.chat.runs"]
     assert record.request_id == request_id
     line = json.loads(JsonLogFormatter().format(record))
     assert line["request_id"] == request_id and request_id in line["message"] and line["level"] == "info"

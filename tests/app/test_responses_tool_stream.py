@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.openai.responses_items import OutputFunctionCall, OutputMessage
-from app.openai.responses_tool_stream import ToolItemStream
+from app.openai.responses.items import OutputFunctionCall, OutputMessage
+from app.openai.responses.tool_stream import ToolItemStream
 from app.tool_calls import DEFAULT_FORMAT, get_format
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

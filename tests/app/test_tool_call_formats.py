@@ -7,7 +7,17 @@ import json
 import pytest
 import xgrammar
 
-from app.tool_calls import FORMATS, CallArguments, CallStarted, StreamingParser, TextPart, ToolSpec, parse_reply
+from app.settings_defaults import TOOL_CALL_FORMATS
+from app.tool_calls import (
+    DEFAULT_FORMAT,
+    FORMATS,
+    CallArguments,
+    CallStarted,
+    StreamingParser,
+    TextPart,
+    ToolSpec,
+    parse_reply,
+)
 from app.tool_calls.templates import ChatTemplate, ChatTemplateError, check_template
 
 WEATHER = ToolSpec(
@@ -34,6 +44,11 @@ EXPECTED_CALLS = [("get_weather", {"city": 'Pa}ris"', "unit": "C"}), ("now", {})
 
 VOCAB = [chr(code) for code in range(32, 127)] + ["\n", "<eos>"]  # one token per character: any text fits
 EOS = len(VOCAB) - 1
+
+
+def test_the_setting_offers_exactly_the_registered_formats() -> None:
+    assert sorted(TOOL_CALL_FORMATS) == sorted(FORMATS), "app/settings_defaults.py must name every registered format"
+    assert TOOL_CALL_FORMATS[0] == DEFAULT_FORMAT and DEFAULT_FORMAT in FORMATS
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels import native_cpu
 
 from app.model_store import resolve_model
 from app.settings import Settings, SettingsError
@@ -15,6 +14,7 @@ from engine import EngineConfig, SamplingParams
 from engine import bf16_gemm as bf16_gemm_module
 from engine.bf16_gemm import MIN_ROUNDS, choose_gemm, resolve_bf16_gemm, time_gemms
 from engine.errors import ConfigError
+from loraplex_kernels import native_cpu
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.linear import DOT, WIDEN, WeightLayout
 from loraplex_kernels.linear_dot import amx_available, dot_available

@@ -222,3 +222,37 @@ def test_sampling_batch_for_cuda_is_built_on_the_host_and_moved_once(monkeypatch
     assert all(fake.holds(tensor) for tensor in tensors)
     assert batch.top_k.tolist() == [5, 11, 50]
     assert batch.max_top_k == 50, "the largest top_k is known on the host, never read back from the device"
+
+
+def test_torch_backend_plans_still_match_their_metadata_after_the_move(
+    tiny_llama: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch backend's plan names the metadata it was built for; the one copy keeps that link (the plan's
+    moved metadata is the group's moved metadata), so the staged step's adapters give what the host's give."""
+    engine = make_engine(tiny_llama, kernels="torch")
+    engine.add_adapter("a", adapter)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    engine.add_request(list(range(5, 45)), params, adapter="a")
+    engine.add_request([9, 8, 7], params)
+    items = engine.scheduler.schedule().scheduled
+
+    fake = FakeDevice()
+    monkeypatch.setattr(step_batch, "move_to_device", fake.move)
+    moved = step_batch.build_step_batch(items, engine.pool, engine.model_config, CUDA, KernelBackend.TORCH)
+    monkeypatch.undo()
+    host = step_batch.build_step_batch(
+        items, engine.pool, engine.model_config, torch.device("cpu"), KernelBackend.TORCH
+    )
+
+    assert len(fake.copies) == 1
+    storage = engine.pool.storage
+    generator = torch.Generator().manual_seed(7)
+    for name, group in moved.lora.groups.items():
+        assert group.plan is not None and group.plan.meta is group.meta
+        num_tokens, in_dim = group.meta.num_tokens, group.meta.in_dim
+        x = torch.randn(num_tokens, in_dim, generator=generator, dtype=storage.dtype)  # [num_tokens, in_dim]
+        y_moved = torch.zeros(num_tokens, group.meta.y_width, dtype=storage.dtype)  # [num_tokens, y_width]
+        y_host = y_moved.clone()
+        moved.lora.apply(name, x, y_moved, 1, storage)
+        host.lora.apply(name, x, y_host, 1, storage)
+        assert torch.equal(y_moved, y_host) and y_host.abs().sum() > 0, name

@@ -1,10 +1,11 @@
 """Streaming text never splits a UTF-8 character and adds up to the full decode."""
 
+import random
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import IncrementalDetokenizer, decoder_of
 
 TEXT = "Bonjour, ça va? 世界 🌍 héllo naïve café, and plain words too."
 
@@ -32,3 +33,16 @@ def test_stop_string_spanning_tokens_is_held_back(tiny_llama: Path) -> None:
             break
     assert detok.stopped
     assert out == "Bonjour, ça va? 世界 "
+
+
+def test_the_fast_decoder_equals_the_tokenizers_decode(base_folder: Path) -> None:
+    """The Rust tokenizer's own decode, taken where transformers would add nothing to it, gives what
+    transformers' decode gives: on random ids (special tokens among them) of the tiny and the default model."""
+    rng = random.Random(3)
+    for folder in (base_folder,):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        decode = decoder_of(tokenizer)
+        assert decode.func == tokenizer.backend_tokenizer.decode  # the fast path is the one under test
+        for _ in range(200):
+            ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))]
+            assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True), ids

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels import native_cpu
 
 from engine import EngineConfig, SamplingParams
 from engine.errors import ConfigError
+from loraplex_kernels import native_cpu
 from loraplex_kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
 from tests.native_required import require_native_ops

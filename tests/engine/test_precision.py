@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels import native_cpu
 
 from app.settings import Settings, SettingsError
 from engine import EngineConfig, SamplingParams
 from engine import precision as precision_module
 from engine.errors import ConfigError
 from engine.precision import requested_dtype
+from loraplex_kernels import native_cpu
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.linear import WeightLayout
 from tests.engine.conftest import make_engine

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 
-from app.openai.schemas_responses import ChatDelta, ToolCallDelta
+from app.openai.chat.reply_schemas import ChatDelta, ToolCallDelta
 from app.tool_calls import CallArguments, CallStarted, StreamingParser, TextPart, ToolCallFormat
 from app.tool_calls.streaming import Event
 

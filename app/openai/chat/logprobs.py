@@ -14,7 +14,7 @@ import codecs
 from collections.abc import Sequence
 
 from app.engine_clients.interface import EngineClient
-from app.openai.schemas_responses import (
+from app.openai.chat.reply_schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,

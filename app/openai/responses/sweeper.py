@@ -13,7 +13,7 @@ import logging
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.stored_responses.store import ResponseStore
+from app.openai.responses.storage import ResponseStore
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.openai.prompts import ContextLengthError
-from app.openai.schemas import (
+from app.openai.chat.prompts import ContextLengthError
+from app.openai.chat.request_schemas import (
     MAX_ABS_LOGIT_BIAS,
     MAX_ABS_PENALTY,
     MAX_LOGIT_BIAS,

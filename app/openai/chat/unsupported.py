@@ -8,7 +8,7 @@ carry no padding). The rest below take only the values listed in their error mes
 
 from __future__ import annotations
 
-from app.openai.schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
 from app.web.errors import BadRequestError
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.openai.responses_items import OutputFunctionCall, OutputItem, OutputText, output_message
+from app.openai.responses.items import OutputFunctionCall, OutputItem, OutputText, output_message
 from app.tool_calls import CallArguments, CallStarted, StreamingParser, TextPart, ToolCallFormat
 from app.tool_calls.streaming import CallEnded
 

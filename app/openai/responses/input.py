@@ -1,6 +1,6 @@
 """From a Responses request (and the stored conversation it continues) to the chat completion it amounts to.
 
-The conversation is a list of items in OpenAI's listing shape (app/openai/responses_items.py): a continued
+The conversation is a list of items in OpenAI's listing shape (app/openai/responses/items.py): a continued
 response's stored items and output, then this request's input. It becomes chat messages: ``instructions``
 a system message first (a continued response's instructions are not carried over, as OpenAI does it),
 messages as they are, an assistant's text and the ``function_call`` items after it one assistant message
@@ -14,15 +14,7 @@ from typing import Any
 
 import msgspec
 
-from app.openai.responses_items import decoded_items, item_text, listed
-from app.openai.responses_schemas import (
-    INCLUDABLE,
-    LOGPROBS_INCLUDE,
-    FunctionTool,
-    FunctionToolChoice,
-    ResponsesRequest,
-)
-from app.openai.schemas import (
+from app.openai.chat.request_schemas import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
@@ -34,7 +26,15 @@ from app.openai.schemas import (
     Tool,
     ToolCall,
 )
-from app.openai.tools import TOOL_NAME
+from app.openai.chat.tools import TOOL_NAME
+from app.openai.responses.items import decoded_items, item_text, listed
+from app.openai.responses.schemas import (
+    INCLUDABLE,
+    LOGPROBS_INCLUDE,
+    FunctionTool,
+    FunctionToolChoice,
+    ResponsesRequest,
+)
 from app.web.errors import BadRequestError
 from app.web.json_body import body_error
 

@@ -4,7 +4,7 @@ Each chunk carries one choice, by its ``index``; with ``n`` > 1 the choices' chu
 engine produces them. Chat opens every choice with a chunk whose delta has the role, and closes each
 with a chunk of its own that has the finish reason; completions put the finish reason on a choice's
 last text chunk. With ``tool_choice: auto`` a choice's calls stream as they are written
-(app/openai/tool_stream.py); with ``required`` or a named function they are sent whole when the choice
+(app/openai/chat/tool_stream.py); with ``required`` or a named function they are sent whole when the choice
 ends. With ``stream_options.include_usage``, a chunk with ``usage`` and no choices comes
 before ``[DONE]``. A run that fails midway ends with an error body as the last event.
 """
@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import msgspec
 
-from app.openai.replies import CompletionPiece, Reply, assistant_message
-from app.openai.schemas_responses import (
+from app.openai.chat.replies import CompletionPiece, Reply, assistant_message
+from app.openai.chat.reply_schemas import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
@@ -25,7 +25,7 @@ from app.openai.schemas_responses import (
     ToolCallDelta,
     Usage,
 )
-from app.openai.tool_stream import ToolCallStreamer
+from app.openai.chat.tool_stream import ToolCallStreamer
 from app.tool_calls import ToolCallFormat
 from app.web.errors import ApiError, ServiceUnavailableError
 from engine import RequestOutput

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine_clients.interface import EngineClient
-from app.openai.schemas import ChatCompletionRequest, CompletionRequest
-from app.openai.tool_prompts import render_messages, template_messages, template_tools
-from app.openai.tools import ToolPlan
+from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.chat.tool_prompts import render_messages, template_messages, template_tools
+from app.openai.chat.tools import ToolPlan
 from app.tool_calls.style import ChatStyle
 from app.tool_calls.templates import ChatTemplate, ChatTemplateError
 from app.web.errors import BadRequestError, ServiceUnavailableError
 
-OFF_LOOP_CHARS = 16_384  # longer texts are tokenized in a thread (~15 ms on the loop; a thread hop costs ~0.1)
+# Longer texts are tokenized in a thread: on the loop they would hold every other request far longer than the
+# thread hop costs (docs/benchmarks.md#gateway-constants-and-choices).
+OFF_LOOP_CHARS = 16_384
 
 
 class ContextLengthError(BadRequestError):

@@ -17,12 +17,12 @@ import msgspec
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.keys.authenticator import Principal
-from app.openai.responses import ResponseShape, whole_response
-from app.openai.responses_input import as_chat, input_items, refuse_unsupported
-from app.openai.responses_schemas import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
-from app.openai.responses_stream import response_events
-from app.openai.service import OpenAIService, last_outputs
-from app.stored_responses.store import Conversation, ResponseStore
+from app.openai.chat.service import OpenAIService, last_outputs
+from app.openai.responses.input import as_chat, input_items, refuse_unsupported
+from app.openai.responses.schemas import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
+from app.openai.responses.shape import ResponseShape, whole_response
+from app.openai.responses.storage import Conversation, ResponseStore
+from app.openai.responses.stream import response_events
 from app.web.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 logger = logging.getLogger(__name__)

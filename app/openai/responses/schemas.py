@@ -1,11 +1,11 @@
 """OpenAI's Responses API: the request body, the response object and its output items.
 
 ``input`` is typed loosely here (a text, or a list of objects) because its items are told apart by a ``type``
-that a message may leave out; app/openai/responses_items.py checks each item, and INPUT_SCHEMA states for the
+that a message may leave out; app/openai/responses/items.py checks each item, and INPUT_SCHEMA states for the
 OpenAPI schema exactly what passes. ``tools`` is stated the same way, so that a hosted tool gets a 400 that says
 only function tools are offered. What a request asks for that this server lacks (``conversation``,
-``background``, prompt templates, logprobs) is refused by app/openai/responses.py with a 400 that says what to
-send instead.
+``background``, prompt templates, logprobs) is refused by app/openai/responses/input.py with a 400 that says what
+to send instead.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from app.openai.responses_items import FunctionCallItem, FunctionCallOutputItem, MessageItem, OutputItem
-from app.openai.schemas import TOOL_NAME, StreamOptions, _documented, _null_only
+from app.openai.chat.request_schemas import TOOL_NAME, StreamOptions, _documented, _null_only
+from app.openai.responses.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, OutputItem
 
 # OpenAI's `include` values: all but logprobs name parts of items this server never makes (hosted tools'
 # results, images, encrypted reasoning), so asking for them includes nothing and is accepted.

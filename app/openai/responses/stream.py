@@ -2,7 +2,7 @@
 
 ``response.created`` and ``response.in_progress`` first. Without tools the answer is one message item whose
 text streams as ``response.output_text.delta`` events as it is generated. With ``auto`` tools the text and the
-calls stream as they are generated too (app/openai/responses_tool_stream.py). With a ``required`` or named
+calls stream as they are generated too (app/openai/responses/tool_stream.py). With a ``required`` or named
 choice the output is one constrained JSON text that becomes calls only once whole, so each item is sent when
 the answer ends: a message item's ``output_item.added``, ``content_part.added``, its text in one delta,
 ``output_text.done``, ``content_part.done``, ``output_item.done``; a ``function_call`` item's
@@ -22,10 +22,10 @@ from typing import Any
 
 import msgspec
 
-from app.openai.responses import ResponseShape, item_status, response_status
-from app.openai.responses_items import OutputFunctionCall, OutputItem, OutputMessage, OutputText, output_message
-from app.openai.responses_schemas import ResponseObject
-from app.openai.responses_tool_stream import ToolItemStream
+from app.openai.responses.items import OutputFunctionCall, OutputItem, OutputMessage, OutputText, output_message
+from app.openai.responses.schemas import ResponseObject
+from app.openai.responses.shape import ResponseShape, item_status, response_status
+from app.openai.responses.tool_stream import ToolItemStream
 from app.web.errors import ApiError
 from engine import RequestOutput
 from engine.errors import EngineDeadError, RequestError

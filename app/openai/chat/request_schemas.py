@@ -3,12 +3,12 @@
 Requests forbid unknown fields, so a parameter this server does not know is a 400 naming it rather than
 being silently ignored. Every parameter OpenAI's reference defines for these two endpoints is a field:
 those whose value asks for something this server lacks (``store: true``, audio...) are refused by
-app/openai/unsupported.py with a 400 that says so.
+app/openai/chat/unsupported.py with a 400 that says so.
 
 The limits on values (``temperature`` within [0, 2], ``n`` up to LORAPLEX_MAX_N...) are checked in
-app/openai/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema in
+app/openai/chat/params.py, whose errors say what to send instead; here they are only stated, as JSON Schema in
 ``extra_json_schema``, so that the OpenAPI schema tells clients the same. Response bodies are in
-app/openai/schemas_responses.py.
+app/openai/chat/reply_schemas.py.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from app.settings_defaults import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS
+
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 MAX_TOKEN_ID = 2**31  # token ids travel as int32 on the engine's side
 MAX_SEED = 2**63 - 1  # seeds feed torch.Generator.manual_seed, which takes a signed 64-bit value
@@ -26,8 +28,6 @@ MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0  # presence_penalty and frequency_penalty, as OpenAI bounds them
 MAX_REPETITION_PENALTY = 100.0  # vLLM's extension; above it every seen token is simply forbidden
-DEFAULT_MAX_N = 16  # choices per request (LORAPLEX_MAX_N)
-DEFAULT_MAX_PROMPTS = 64  # prompts per completions request (LORAPLEX_MAX_PROMPTS)
 
 
 def _documented(**json_schema: Any) -> Meta:

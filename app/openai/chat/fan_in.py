@@ -4,7 +4,7 @@ Each request's stream is read by a task of its own into one queue; the merged st
 ``(i, output)`` with ``i`` the position of the stream the output came from. The first failure of any
 stream ends the merged one with that error, and leaving the merged stream (finished, failed or closed
 early) cancels the readers, which closes their streams: the engine aborts what is still running.
-A single request needs none of this and is read directly (app/openai/runs.py).
+A single request needs none of this and is read directly (app/openai/chat/runs.py).
 """
 
 from __future__ import annotations

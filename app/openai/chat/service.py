@@ -11,17 +11,17 @@ from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.limits.limiter import Limiter
 from app.observability.metrics import GatewayMetrics
-from app.openai import params as request_params
-from app.openai import replies, streams
-from app.openai.chat_styles import ChatStyles
-from app.openai.prompts import Prompt, chat_prompt_ids, completion_prompts
-from app.openai.replies import Reply
-from app.openai.runs import Run, Submission, metered_outputs
-from app.openai.schemas import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
-from app.openai.schemas_responses import ChatCompletion, Completion, ModelCard, ModelList
-from app.openai.structured import output_constraint
-from app.openai.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
-from app.tool_calls.formats import DEFAULT_FORMAT
+from app.openai.chat import params as request_params
+from app.openai.chat import replies, streams
+from app.openai.chat.prompts import Prompt, chat_prompt_ids, completion_prompts
+from app.openai.chat.replies import Reply
+from app.openai.chat.reply_schemas import ChatCompletion, Completion, ModelCard, ModelList
+from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.chat.runs import Run, Submission, metered_outputs
+from app.openai.chat.structured import output_constraint
+from app.openai.chat.styles import ChatStyles
+from app.openai.chat.unsupported import refuse_unsupported_chat, refuse_unsupported_completion
+from app.settings_defaults import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, DEFAULT_TOOL_CALL_FORMAT
 from app.tool_calls.style import ChatStyle, base_chat_style
 from app.usage.writer import UsageWriter
 from app.web.errors import BadRequestError, ModelNotFoundError, ServiceUnavailableError
@@ -42,7 +42,7 @@ class OpenAIService:
     limiter: Limiter
     max_n: int = DEFAULT_MAX_N
     max_prompts: int = DEFAULT_MAX_PROMPTS
-    base_style: ChatStyle = field(default_factory=lambda: base_chat_style(None, DEFAULT_FORMAT))
+    base_style: ChatStyle = field(default_factory=lambda: base_chat_style(None, DEFAULT_TOOL_CALL_FORMAT))
     styles: ChatStyles = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,18 +1,29 @@
-"""The stored responses' routes: read one, list the items it was generated from, delete it (tenant-scoped)."""
+"""The Responses API's routes (docs/responses.md): create a response, and read one stored, list the items it was
+generated from, or delete it (tenant-scoped)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from litestar import Request, Response, delete, get
+from litestar import Request, Response, delete, get, post
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import PathParameter, QueryParameter
+from litestar.openapi.spec import Example
+from litestar.params import Body, PathParameter, QueryParameter
 
 from app.keys.service import Scope
-from app.openai.responses_schemas import INCLUDABLE, MAX_LISTED_ITEMS, DeletedResponse, InputItemList, ResponseObject
-from app.openai.responses_service import DEFAULT_LISTED_ITEMS
+from app.openai.answers import OPENAI_ERROR_RESPONSES, answer
+from app.openai.responses.schemas import (
+    INCLUDABLE,
+    MAX_LISTED_ITEMS,
+    DeletedResponse,
+    InputItemList,
+    ResponseObject,
+    ResponsesRequest,
+)
+from app.openai.responses.service import DEFAULT_LISTED_ITEMS
 from app.services import gateway_of
-from app.web.responses import ERROR_RESPONSES
+from app.web.json_body import strict_json
+from app.web.responses import ERROR_RESPONSES, request_id_of
 
 # Ids are `resp_` and hex digits; the pattern keeps what a path segment cannot carry out of the documented schema.
 ResponseId = Annotated[
@@ -36,6 +47,36 @@ IncludeParam = Annotated[
     QueryParameter(description=f"Accepted ({', '.join(INCLUDABLE)}): parts of items this server never makes."),
 ]
 NOT_FOUND = "No stored response of yours has this id (never stored, deleted, expired, or another tenant's)"
+
+
+RESPONSES_EXAMPLE = Example(
+    summary="Ask with the Responses API",
+    value={"model": "SmolLM2-135M-Instruct", "input": "Name three colours.", "max_output_tokens": 32},
+)
+
+
+@post(
+    "/v1/responses",
+    status_code=200,
+    summary="Create a response",
+    description="OpenAI's Responses API: `input` a text or items (messages, `function_call`, "
+    "`function_call_output`), `instructions`, `max_output_tokens`, `temperature`, `top_p`, `text.format` "
+    "(json_schema, json_object), function `tools` with `tool_choice`. Stored for the tenant unless `store` is "
+    "false, and continued with `previous_response_id`. With `stream: true`: `text/event-stream` of OpenAI's "
+    "events, `response.created` first and `response.completed` (or `response.incomplete`) last.",
+    tags=["openai"],
+    before_request=strict_json(ResponsesRequest),
+    responses={
+        200: ResponseSpec(ResponseObject, description="The response (or an SSE stream of events)"),
+        **OPENAI_ERROR_RESPONSES,
+    },
+)
+async def responses(
+    request: Request, data: Annotated[ResponsesRequest, Body(examples=[RESPONSES_EXAMPLE])]
+) -> Response:
+    gateway = gateway_of(request)
+    principal = await gateway.authenticator.authenticate(request.headers.get("authorization"), Scope.INFERENCE)
+    return await answer(request, principal, gateway.responses.create(principal, data, request_id_of(request)))
 
 
 @get(
@@ -89,4 +130,4 @@ async def list_input_items(
     return Response(page, headers=gateway.limiter.headers(principal))
 
 
-STORED_RESPONSE_ROUTES = [get_response, delete_response, list_input_items]
+RESPONSES_ROUTES = [responses, get_response, delete_response, list_input_items]

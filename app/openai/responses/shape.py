@@ -1,6 +1,6 @@
 """``/v1/responses``: a response's object, built from the chat completion the request runs as.
 
-The request runs as a chat completion (app/openai/responses_input.py), so tenancy, limits, metering
+The request runs as a chat completion (app/openai/responses/input.py), so tenancy, limits, metering
 (endpoint ``responses``, one usage row), structured output and tool calls are the chat route's own. Its
 answer becomes output items: the text as a ``message`` item (when there is text, or nothing else), then one
 ``function_call`` item per call. A text cut by ``max_output_tokens`` is ``incomplete``, never a half call.
@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from app.openai.replies import Reply, assistant_message
-from app.openai.responses_items import OutputItem, function_call, output_message
-from app.openai.responses_schemas import FunctionToolChoice, ResponseObject, ResponsesRequest, ResponseUsage
+from app.openai.chat.replies import Reply, assistant_message
+from app.openai.responses.items import OutputItem, function_call, output_message
+from app.openai.responses.schemas import FunctionToolChoice, ResponseObject, ResponsesRequest, ResponseUsage
 from engine import RequestOutput
 
 

@@ -7,7 +7,7 @@ back into OpenAI's ``tool_calls``, with the text before them as ``content``. A n
 constrains the output to that function's ``parameters`` schema: the text is the call's ``arguments``.
 ``required`` constrains it to a JSON array (one item when ``parallel_tool_calls`` is false) of
 ``{"name": <one of the tools>, "parameters": <that tool's arguments>}``, each item one call.
-How the conversation's tools are put in the prompt is in app/openai/tool_prompts.py.
+How the conversation's tools are put in the prompt is in app/openai/chat/tool_prompts.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from app.openai.schemas import ChatCompletionRequest, NamedToolChoice, Tool
-from app.openai.schemas_responses import ResponseFunctionCall, ResponseToolCall
+from app.openai.chat.reply_schemas import ResponseFunctionCall, ResponseToolCall
+from app.openai.chat.request_schemas import ChatCompletionRequest, NamedToolChoice, Tool
 from app.tool_calls import ToolCallFormat, ToolSpec, parse_reply
 from app.tool_calls.formats import NO_ARGUMENTS
 from app.web.errors import BadRequestError

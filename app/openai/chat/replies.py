@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.engine_clients.interface import EngineClient
-from app.openai import logprobs as shaping
-from app.openai.params import Shown
-from app.openai.prompts import Prompt
-from app.openai.runs import num_cached_prompt_tokens
-from app.openai.schemas_responses import (
+from app.openai.chat import logprobs as shaping
+from app.openai.chat.params import Shown
+from app.openai.chat.prompts import Prompt
+from app.openai.chat.reply_schemas import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -24,7 +23,8 @@ from app.openai.schemas_responses import (
     CompletionLogprobs,
     Usage,
 )
-from app.openai.tools import ToolPlan
+from app.openai.chat.runs import num_cached_prompt_tokens
+from app.openai.chat.tools import ToolPlan
 from engine import RequestOutput
 from engine.logprobs import TokenLogprob
 

@@ -3,7 +3,7 @@
 A run is one engine request per prompt (a completions request may send several), each with the
 request's ``n`` choices. :func:`metered_outputs` yields ``(choice index, output)`` for all of them, the
 index counted as OpenAI does (prompt-major, then ``n``). One engine request is read directly; several
-are merged as they arrive (app/openai/fan_in.py).
+are merged as they arrive (app/openai/chat/fan_in.py).
 
 Its ``finally`` writes the usage record when the run finishes, fails, or its client goes away
 (``cancelled``, counting what was generated): every prompt's tokens once, every choice's completion
@@ -29,7 +29,7 @@ from app.keys.authenticator import Principal
 from app.limits.limiter import Admission
 from app.observability.latency_histogram import HistogramSeries
 from app.observability.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
-from app.openai.fan_in import fan_in
+from app.openai.chat.fan_in import fan_in
 from app.usage.records import UsageRecord
 from app.usage.writer import UsageWriter
 from app.web.errors import InternalError, ServiceUnavailableError

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.openai.schemas import ChatCompletionRequest, ChatMessage, Tool
-from app.openai.tools import ToolPlan, arguments_schema
+from app.openai.chat.request_schemas import ChatCompletionRequest, ChatMessage, Tool
+from app.openai.chat.tools import ToolPlan, arguments_schema
 from app.web.errors import BadRequestError
 
 DEFAULT_SYSTEM = "You are a helpful assistant."

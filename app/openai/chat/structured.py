@@ -7,8 +7,8 @@ checked by the service, off the event loop, before the request is admitted.
 
 from __future__ import annotations
 
-from app.openai.schemas import ChatCompletionRequest, CompletionRequest
-from app.openai.tools import ToolPlan, tool_plan
+from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
+from app.openai.chat.tools import ToolPlan, tool_plan
 from app.tool_calls import ToolCallFormat
 from app.web.errors import BadRequestError
 from engine import GrammarConstraint, GrammarError

@@ -1,1 +1,0 @@
-"""Stored responses of /v1/responses (``store: true``): kept in PostgreSQL per tenant, swept after the retention."""

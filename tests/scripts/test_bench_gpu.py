@@ -1,0 +1,26 @@
+"""bench_gpu --quick: the GPU workload's host share on the CPU, run as a user runs it (its last line is JSON)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_reports_the_host_step_with_and_without_adapters(tmp_path: Path) -> None:
+    options = ["--quick", "--json", "--skip-hf", "--output-len", "6", "--model-dir", str(tmp_path)]
+    completed = subprocess.run(
+        [sys.executable, "-m", "scripts.benchmarks.bench_gpu", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["shape"] == "tiny" and result["device"] == "cpu" and result["rows"] == 256
+    assert result["host_step_ms"] == result["step_ms_16"] > 0
+    assert result["host_step_ms_base"] == result["step_ms_base"] > 0
+    assert result["tok_s_base"] > 0 and result["tok_s_16"] > 0
+    assert (tmp_path / "tiny" / "config.json").is_file()  # the random model, written once where it was asked
