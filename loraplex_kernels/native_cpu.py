@@ -3,8 +3,8 @@
 The C++ sources compile with ``torch.utils.cpp_extension.load`` into torch's extensions folder, under a
 name keyed by a hash of the sources, the torch version, the compiler flags and the CPU's feature flags,
 so a changed source, a new torch or another CPU gets its own build and an unchanged one loads in
-milliseconds. On the 2-core EPYC development machine (g++ 12, ninja) the first build takes about 40 s
-of wall time (26 s of CPU: one translation unit per op, compiled in parallel). The set-up step builds it
+milliseconds. The first build compiles one translation unit per op, in parallel, and takes under a minute
+on two cores (docs/native-cpu-kernels.md#build has the figures). The set-up step builds it
 (``loraplex kernels build``), so the engine's first start finds it built; :mod:`loraplex_kernels.build_lock`
 lets one process build at a time and clears the lock a killed build leaves behind.
 
@@ -40,7 +40,7 @@ BASE_FLAGS = ("-O3", "-fopenmp")
 X86_FLAGS = ("-march=native",)
 MARCH_ENV = "LORAPLEX_NATIVE_MARCH"  # another -march target than this CPU's, for testing its code paths
 AVX2_MARCH = "haswell"  # the -march of an AVX2 + FMA build without AVX-512, which the tests build too
-BUILD_SECONDS_HINT = 40  # what the log line promises; measured on the 2-core EPYC
+BUILD_SECONDS_HINT = 40  # what the log line promises: a build on two cores (docs/native-cpu-kernels.md#build)
 
 _LOCK = threading.Lock()  # one build per process even when two threads ask first
 
