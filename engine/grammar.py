@@ -108,7 +108,8 @@ class GrammarConstraint:
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; thread-safe, meant to run off the event loop and the step thread.
 
-    xgrammar's tokenizer tables (~0.3 s to build) are made at the first compile, not at engine start.
+    xgrammar's tokenizer tables are made at the first compile, not at engine start, which they would
+    slow for engines that never see a constraint (docs/benchmarks.md#engine-constants-and-choices).
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int]) -> None:

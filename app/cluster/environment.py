@@ -40,8 +40,8 @@ RAY_ENVIRONMENT = {
     "RAY_ENABLE_AUTO_CONNECT": "0",
 }
 REPLICA_ENVIRONMENT = {**THROUGHPUT_OPTIMIZED, **QUIET_RAY}
-# Serve's controller loops every 0.5 s instead of 0.1 s: while a replica stepped 64 streams it took 2.5 %
-# of a core at 0.1 s and 0.7 % at 0.5 s. The loop is how other gateways' routers learn which replica
+# Serve's controller loops every 0.5 s instead of 0.1 s: it then takes far less of the CPU a stepping replica
+# needs (docs/benchmarks.md#gateway-constants-and-choices). The loop is how other gateways' routers learn which replica
 # loaded an adapter (0.5-1 s after the load); a gateway's own router does not wait for that news, it
 # remembers where it sent each adapter (app/cluster/affinity_router.py).
 CONTROLLER_ENVIRONMENT = {**THROUGHPUT_OPTIMIZED, **QUIET_RAY, "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
