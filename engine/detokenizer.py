@@ -8,6 +8,10 @@ from transformers import PreTrainedTokenizerBase
 # Prompt tokens decoded with the first output tokens, so a word-initial space renders as the model meant.
 NUM_CONTEXT_TOKENS = 5
 REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for a byte sequence that is not complete yet
+# A UTF-8 character is at most 4 bytes, so at most 4 byte-level tokens: text that still ends in an incomplete
+# character after this many tokens holds invalid bytes, which then show as U+FFFD instead of being waited for
+# (each push decodes the tokens it waits for again, so a stream of invalid bytes would cost ever more).
+MAX_PENDING_TOKENS = 4
 
 
 def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
@@ -52,7 +56,8 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith(REPLACEMENT_CHAR):
+        incomplete = full.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_PENDING_TOKENS
+        if len(full) <= len(prefix) or incomplete:
             return ""
         search_from = max(0, len(self.text) - self._hold)
         self.text += full[len(prefix) :]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer, decoder_of
+from engine.detokenizer import MAX_PENDING_TOKENS, REPLACEMENT_CHAR, IncrementalDetokenizer, decoder_of
 
 TEXT = "Bonjour, ça va? 世界 🌍 héllo naïve café, and plain words too."
 
@@ -46,3 +46,15 @@ def test_the_fast_decoder_equals_the_tokenizers_decode(base_folder: Path) -> Non
         for _ in range(200):
             ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 12))]
             assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True), ids
+
+
+def test_invalid_bytes_show_as_replacement_characters_instead_of_waiting_forever(tiny_llama: Path) -> None:
+    """A UTF-8 continuation byte alone is no character and never becomes one: after at most four such tokens
+    the text shows U+FFFD and the detokenizer stops decoding them again on every push."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    continuation = next(i for i in range(len(tokenizer)) if tokenizer.decode([i] * 8) == REPLACEMENT_CHAR * 8)
+    detok = IncrementalDetokenizer(tokenizer, prompt_token_ids=[5])
+    deltas = [detok.push(continuation) for _ in range(100)]
+    assert "".join(deltas) + detok.flush() == detok.text
+    assert len(detok.text) >= 96 and set(detok.text) == {REPLACEMENT_CHAR}
+    assert len(detok._ids) - detok._prefix_offset <= 2 * MAX_PENDING_TOKENS  # the decoded window stays short
