@@ -64,10 +64,10 @@ class GracefulServer(uvicorn.Server):
 
     On SIGTERM (or Ctrl-C) uvicorn stops accepting connections, lets running responses finish for up to
     ``timeout_graceful_shutdown`` seconds, then cancels what is left, which would cut streams mid-response.
-    ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's
-    error event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and
-    writes the usage still buffered (or spills it to the data folder when the database is away). A stop that
-    comes while the gateway is still starting gives its engine's start up (:meth:`handle_exit`).
+    ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's error
+    event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and writes
+    the usage still buffered (the usage spool in the data folder keeps what the database does not take). A
+    stop that comes while the gateway is still starting gives its engine's start up (:meth:`handle_exit`).
     """
 
     def __init__(self, config: uvicorn.Config, app: Litestar) -> None:

@@ -44,6 +44,8 @@ LOG_LEVELS = ("info", "debug", "warning", "error")
 MAX_NUM_SEQS_LIMIT = 512
 # An adapter file is one PostgreSQL bytea value, and PostgreSQL caps a value at 1 GB: uploads stay below.
 MAX_ADAPTER_MB_LIMIT = 1023
+# Usage records not yet in PostgreSQL, on local disk: about 400 bytes each, so some 600,000 requests.
+DEFAULT_USAGE_SPOOL_MAX_MB = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ INT_RANGES: dict[str, Range] = {
         0, MAX_SPECULATIVE_TOKENS, f"0 turns speculation off; a sequence verifies at most {MAX_SPECULATIVE_TOKENS}"
     ),
     "LORAPLEX_RESPONSE_RETENTION_DAYS": Range(1, MAX_RESPONSE_RETENTION_DAYS, "ten years at most"),
+    "LORAPLEX_USAGE_SPOOL_MAX_MB": Range(),
 }
 
 
@@ -201,6 +204,10 @@ class Settings:
     tool_call_format: str = "hermes"
     """The base model's tool-call format (LORAPLEX_TOOL_CALL_FORMAT): hermes, llama3_json, mistral or pythonic."""
 
+    usage_spool_max_bytes: int = DEFAULT_USAGE_SPOOL_MAX_MB * 1024**2
+    """Most usage the local spool holds while PostgreSQL does not take it (LORAPLEX_USAGE_SPOOL_MAX_MB, in MiB);
+    when it is full, new requests get a 503 until the database is back (no request is served unbilled)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -247,6 +254,7 @@ class Settings:
             if env.get("LORAPLEX_CHAT_TEMPLATE")
             else None,
             tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
+            usage_spool_max_bytes=_int(env, "LORAPLEX_USAGE_SPOOL_MAX_MB", DEFAULT_USAGE_SPOOL_MAX_MB) * 1024**2,
         )
 
 

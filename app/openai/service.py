@@ -128,6 +128,7 @@ class OpenAIService:
     ) -> Run:
         if not self.engine.is_ready():
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
+        self.writer.check_room()  # a request whose usage could not be kept is not served
         if model is None:
             model = await self.resolver.resolve(principal.tenant_id, body.model)
         limits = request_params.Limits(self.engine.max_model_len, self.engine.vocab_size, self.max_n)
