@@ -178,6 +178,7 @@ async def run_gateway(
             max_n=settings.max_n,
             max_prompts=settings.max_prompts,
             base_style=_base_style(settings),
+            share_base_prefix_cache=settings.share_base_prefix_cache,
         )
         gateway = Gateway(
             settings=settings,

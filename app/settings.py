@@ -208,6 +208,11 @@ class Settings:
     """Most usage the local spool holds while PostgreSQL does not take it (LORAPLEX_USAGE_SPOOL_MAX_MB, in MiB);
     when it is full, new requests get a 503 until the database is back (no request is served unbilled)."""
 
+    share_base_prefix_cache: bool = False
+    """Let base-model requests of different tenants share cached prompt prefixes (LORAPLEX_SHARE_BASE_PREFIX_CACHE=1);
+    off: each tenant's requests reuse only its own, so no tenant can time or count another's prompts through
+    the cache (docs/operating.md#security)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -255,6 +260,7 @@ class Settings:
             else None,
             tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
             usage_spool_max_bytes=_int(env, "LORAPLEX_USAGE_SPOOL_MAX_MB", DEFAULT_USAGE_SPOOL_MAX_MB) * 1024**2,
+            share_base_prefix_cache=_flag(env, "LORAPLEX_SHARE_BASE_PREFIX_CACHE", default=False),
         )
 
 
