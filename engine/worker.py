@@ -22,6 +22,7 @@ from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_delta import DeltaEncoder
 from engine.outputs import EngineStats, RequestOutput
+from engine.sequence import FinishReason
 from engine.step_loop import Call, StepLoop
 from engine.worker_protocol import (
     Abort,
@@ -184,8 +185,7 @@ class EngineWorker(StepLoop):
     def _handle(self, command: Any) -> None:
         match command:
             case AbortRequests(request_ids=request_ids):
-                live = [request_id for request_id in request_ids if request_id in self._live]
-                self._send([output for request_id in live for output in self._abort(request_id)])
+                self._end_answered(request_ids)
             case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
                 self._abort(request_id)
                 self._live.discard(request_id)
@@ -194,7 +194,20 @@ class EngineWorker(StepLoop):
                 self._accept(command)
 
     def _abort_everything(self) -> None:
-        self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
+        self._end_answered([*self._live, *self._compiling])
+
+    def _end_answered(self, request_ids: list[str]) -> None:
+        """End these requests, running or still compiling their grammar, each with its last outputs (finish
+        reason "abort"); one still compiling is never admitted. Ids of neither kind are skipped."""
+        outputs: list[RequestOutput] = []
+        for request_id in request_ids:
+            if request_id in self._compiling:
+                request, _ = self._compiling.pop(request_id)
+                self._live.add(request_id)
+                outputs += _ended_before_admission(request)
+            elif request_id in self._live:
+                outputs += self._abort(request_id)
+        self._send(outputs)
 
     def _between_steps(self) -> None:
         self._admit_compiled()
@@ -262,3 +275,24 @@ class EngineWorker(StepLoop):
         rejected, self._rejected = self._rejected, []
         if deltas or rejected:
             self._emit(StepOutputs(deltas, rejected))
+
+
+def _ended_before_admission(request: Submit) -> list[RequestOutput]:
+    """The last outputs of a request ended before the engine admitted it: every choice, no token, "abort"."""
+    n = request.params.n
+    return [
+        RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_ids,
+            token_ids=[],
+            text="",
+            delta_token_ids=[],
+            delta_text="",
+            finish_reason=FinishReason.ABORT.value,
+            num_cached_tokens=0,
+            ttft_s=None,
+            index=index,
+            request_finished=index == n - 1,
+        )
+        for index in range(n)
+    ]
