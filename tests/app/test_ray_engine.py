@@ -172,6 +172,15 @@ async def test_a_request_left_before_its_first_output_is_freed_on_the_worker(ray
     assert sum(one.num_generated_tokens for one in stats.values()) - before < 1000
 
 
+async def test_a_submission_that_raises_leaves_no_stream_open(ray_engine) -> None:
+    unencodable = [object()]  # the submission fails to encode, after the request's stream was opened
+    with pytest.raises(TypeError):
+        async for _ in ray_engine.generate(unencodable, SamplingParams(max_tokens=1), "raised-once", None):
+            pass
+    outputs = await _generate(ray_engine, "raised-once", None)  # the same id: nothing of the first is left
+    assert outputs[-1].finished and outputs[-1].finish_reason == "length"
+
+
 async def test_a_gateway_whose_inbox_closes_has_its_requests_ended_on_the_replica(ray_engine) -> None:
     """A gateway gone (its inbox closed) mid-request: the replica aborts the request and its call says why."""
     inbox = OutputInbox(ray_engine._inbox_in_use().address.host)
