@@ -141,11 +141,25 @@ def run_server(settings: Settings, listener: socket.socket) -> None:
         sys.stdout.flush()
 
     app.on_startup.append(announce)
-    grace_s = round(settings.shutdown_grace_s)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=grace_s
-    )
+    config = uvicorn_config(app, settings, host, port, grace_s=round(settings.shutdown_grace_s))
     GracefulServer(config, app).run(sockets=[listener])
+
+
+def uvicorn_config(
+    app: Litestar, settings: Settings, host: str, port: int, grace_s: int | None = None
+) -> uvicorn.Config:
+    """How uvicorn serves the app: its lifespan, our logging, and the proxies whose forwarded scheme and client
+    address it believes (the scheme a client saw decides whether the console's cookies are Secure)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=grace_s,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+    )
 
 
 WEATHER_ADAPTER = "weather"

@@ -213,6 +213,11 @@ class Settings:
     off: each tenant's requests reuse only its own, so no tenant can time or count another's prompts through
     the cache (docs/operating.md#security)."""
 
+    forwarded_allow_ips: str = "127.0.0.1"
+    """The proxies whose X-Forwarded-Proto and X-Forwarded-For are believed (LORAPLEX_FORWARDED_ALLOW_IPS): IPs
+    and networks, comma-separated, or "*" for any. Behind a TLS proxy on another address, name it here, so
+    the console's cookies are marked Secure as the client's https requires (docs/deploying.md)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -261,6 +266,7 @@ class Settings:
             tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
             usage_spool_max_bytes=_int(env, "LORAPLEX_USAGE_SPOOL_MAX_MB", DEFAULT_USAGE_SPOOL_MAX_MB) * 1024**2,
             share_base_prefix_cache=_flag(env, "LORAPLEX_SHARE_BASE_PREFIX_CACHE", default=False),
+            forwarded_allow_ips=(env.get("LORAPLEX_FORWARDED_ALLOW_IPS") or "127.0.0.1").strip(),
         )
 
 
