@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +73,7 @@ class UsageSpool:
         self._released_seq = -1  # every record up to this sequence number is in the table; guarded by _cond
         self._closing = False
         self._error: OSError | None = None
-        self._live: list[_Line] = []  # the file's lines not yet released (the thread's alone)
+        self._live: deque[_Line] = deque()  # the file's lines not yet released, oldest first (the thread's alone)
         self._file_bytes = 0
         self._live_bytes = 0  # read by other threads: an int, written whole
         self._next_growth_log_bytes = GROWTH_LOG_FIRST_BYTES
@@ -99,7 +100,7 @@ class UsageSpool:
         self._take_slot()
         assert self.path is not None
         records = self._read_back(first_seq)
-        self._live = [_Line(seq, self._encoder.encode(rec) + b"\n") for seq, rec in records]
+        self._live = deque(_Line(seq, self._encoder.encode(rec) + b"\n") for seq, rec in records)
         self._rewrite()  # the file as read back: each request id once, no line torn by a crash
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="usage-spool", daemon=True)
@@ -230,12 +231,11 @@ class UsageSpool:
     def _compact(self, released_seq: int) -> None:
         """Drop the released lines from memory, and from the file once it pays (see MIN_COMPACTION_BYTES)."""
         num_released = 0
-        while num_released < len(self._live) and self._live[num_released].seq <= released_seq:
+        while self._live and self._live[0].seq <= released_seq:
+            self._live_bytes -= len(self._live.popleft().data)
             num_released += 1
         if num_released == 0:
             return
-        del self._live[:num_released]
-        self._live_bytes = sum(len(line.data) for line in self._live)
         if self._live_bytes < self._next_growth_log_bytes // 4:
             self._next_growth_log_bytes = max(GROWTH_LOG_FIRST_BYTES, self._next_growth_log_bytes // 2)
         if self._was_full and not self.is_full:
