@@ -34,4 +34,3 @@ def test_cookies_are_secure_when_a_trusted_proxy_says_the_client_used_https(
 def test_a_proxy_not_named_is_not_believed(gateway_settings, default_engine) -> None:
     settings = dataclasses.replace(gateway_settings, forwarded_allow_ips="10.9.8.7")  # the proxy, not this client
     assert "; secure" not in _sign_in_cookie(settings, default_engine, FROM_THE_PROXY).lower()
-
