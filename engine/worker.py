@@ -21,8 +21,7 @@ from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_delta import DeltaEncoder
-from engine.outputs import EngineStats, RequestOutput
-from engine.sequence import FinishReason
+from engine.outputs import EngineStats, RequestOutput, ended_before_admission
 from engine.step_loop import Call, StepLoop
 from engine.worker_protocol import (
     Abort,
@@ -204,7 +203,7 @@ class EngineWorker(StepLoop):
             if request_id in self._compiling:
                 request, _ = self._compiling.pop(request_id)
                 self._live.add(request_id)
-                outputs += _ended_before_admission(request)
+                outputs += ended_before_admission(request_id, request.prompt_ids, request.params.n)
             elif request_id in self._live:
                 outputs += self._abort(request_id)
         self._send(outputs)
@@ -275,24 +274,3 @@ class EngineWorker(StepLoop):
         rejected, self._rejected = self._rejected, []
         if deltas or rejected:
             self._emit(StepOutputs(deltas, rejected))
-
-
-def _ended_before_admission(request: Submit) -> list[RequestOutput]:
-    """The last outputs of a request ended before the engine admitted it: every choice, no token, "abort"."""
-    n = request.params.n
-    return [
-        RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_ids,
-            token_ids=[],
-            text="",
-            delta_token_ids=[],
-            delta_text="",
-            finish_reason=FinishReason.ABORT.value,
-            num_cached_tokens=0,
-            ttft_s=None,
-            index=index,
-            request_finished=index == n - 1,
-        )
-        for index in range(n)
-    ]
