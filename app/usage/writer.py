@@ -29,6 +29,7 @@ import msgspec
 from app.db.database import Database
 from app.db.tables import UsageEvent
 from app.retry import Backoff
+from app.settings import DEFAULT_USAGE_SPOOL_MAX_MB
 from app.usage.records import UsageRecord
 from app.usage.spool import UsageSpool
 from app.web.errors import ServiceUnavailableError
@@ -52,7 +53,6 @@ CLOSE_TIMEOUT_S = 2.0
 # How long a reply waits for its record to be on disk: past it the reply goes out and the record stays queued
 # (a disk that hangs must not hang every reply; the spool's error refuses new requests meanwhile).
 DURABLE_WAIT_S = 5.0
-DEFAULT_SPOOL_MAX_BYTES = 256 * 1024**2
 REJECTED_SQLSTATE_CLASSES = ("22", "23")  # data exception, integrity constraint violation
 
 
@@ -70,7 +70,7 @@ class UsageWriter:
         *,
         spool_folder: Path | None = None,
         spool_stem: str = "usage-spool",
-        spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
+        spool_max_bytes: int = DEFAULT_USAGE_SPOOL_MAX_MB * 1024**2,
         flush_interval_s: float = 0.2,
         max_batch: int = 500,
     ) -> None:
