@@ -98,6 +98,7 @@ class UsageSpool:
         """Take a free slot, read its records back (numbered from ``first_seq``) and start the thread."""
         self._folder.mkdir(parents=True, exist_ok=True)
         self._take_slot()
+        self._closing = False
         assert self.path is not None
         records = self._read_back(first_seq)
         self._live = deque(_Line(seq, self._encoder.encode(rec) + b"\n") for seq, rec in records)
