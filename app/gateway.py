@@ -48,7 +48,7 @@ from engine import EngineConfig
 
 logger = logging.getLogger(__name__)
 
-USAGE_SPILL_FILE = "usage-spill.jsonl"  # usage the database could not take at shutdown; replayed at start
+USAGE_SPOOL_STEM = "usage-spool"  # usage-spool.jsonl: usage not in the database yet, fsync'd; read back at start
 
 
 class StartupStopped(Exception):
@@ -126,7 +126,12 @@ async def run_gateway(
         database = Database(url)
         stack.push_async_callback(database.close)
         # The writer stops after the engine, so the usage of requests the engine aborts is still written.
-        writer = UsageWriter(database, spill_path=settings.home / USAGE_SPILL_FILE)
+        writer = UsageWriter(
+            database,
+            spool_folder=settings.home,
+            spool_stem=USAGE_SPOOL_STEM,
+            spool_max_bytes=settings.usage_spool_max_bytes,
+        )
         writer.start()
         stack.push_async_callback(writer.stop)
         key_secret = load_or_create_key_secret(settings.home, settings.key_secret)
@@ -173,6 +178,7 @@ async def run_gateway(
             max_n=settings.max_n,
             max_prompts=settings.max_prompts,
             base_style=_base_style(settings),
+            share_base_prefix_cache=settings.share_base_prefix_cache,
         )
         gateway = Gateway(
             settings=settings,

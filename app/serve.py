@@ -64,10 +64,10 @@ class GracefulServer(uvicorn.Server):
 
     On SIGTERM (or Ctrl-C) uvicorn stops accepting connections, lets running responses finish for up to
     ``timeout_graceful_shutdown`` seconds, then cancels what is left, which would cut streams mid-response.
-    ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's
-    error event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and
-    writes the usage still buffered (or spills it to the data folder when the database is away). A stop that
-    comes while the gateway is still starting gives its engine's start up (:meth:`handle_exit`).
+    ``END_MARGIN_S`` before that, the engine ends every request it still runs: each stream gets OpenAI's error
+    event saying to retry, each usage row says ``cancelled``. The lifespan then stops the engine and writes
+    the usage still buffered (the usage spool in the data folder keeps what the database does not take). A
+    stop that comes while the gateway is still starting gives its engine's start up (:meth:`handle_exit`).
     """
 
     def __init__(self, config: uvicorn.Config, app: Litestar) -> None:
@@ -141,11 +141,25 @@ def run_server(settings: Settings, listener: socket.socket) -> None:
         sys.stdout.flush()
 
     app.on_startup.append(announce)
-    grace_s = round(settings.shutdown_grace_s)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_config=None, lifespan="on", timeout_graceful_shutdown=grace_s
-    )
+    config = uvicorn_config(app, settings, host, port, grace_s=round(settings.shutdown_grace_s))
     GracefulServer(config, app).run(sockets=[listener])
+
+
+def uvicorn_config(
+    app: Litestar, settings: Settings, host: str, port: int, grace_s: int | None = None
+) -> uvicorn.Config:
+    """How uvicorn serves the app: its lifespan, our logging, and the proxies whose forwarded scheme and client
+    address it believes (the scheme a client saw decides whether the console's cookies are Secure)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=grace_s,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+    )
 
 
 WEATHER_ADAPTER = "weather"

@@ -42,6 +42,8 @@ LOG_LEVELS = ("info", "debug", "warning", "error")
 MAX_NUM_SEQS_LIMIT = 512
 # An adapter file is one PostgreSQL bytea value, and PostgreSQL caps a value at 1 GB: uploads stay below.
 MAX_ADAPTER_MB_LIMIT = 1023
+# Usage records not yet in PostgreSQL, on local disk: about 400 bytes each, so some 600,000 requests.
+DEFAULT_USAGE_SPOOL_MAX_MB = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ INT_RANGES: dict[str, Range] = {
         0, MAX_SPECULATIVE_TOKENS, f"0 turns speculation off; a sequence verifies at most {MAX_SPECULATIVE_TOKENS}"
     ),
     "LORAPLEX_RESPONSE_RETENTION_DAYS": Range(1, MAX_RESPONSE_RETENTION_DAYS, "ten years at most"),
+    "LORAPLEX_USAGE_SPOOL_MAX_MB": Range(),
 }
 
 
@@ -199,6 +202,20 @@ class Settings:
     tool_call_format: str = DEFAULT_TOOL_CALL_FORMAT
     """The base model's tool-call format (LORAPLEX_TOOL_CALL_FORMAT): hermes, llama3_json, mistral or pythonic."""
 
+    usage_spool_max_bytes: int = DEFAULT_USAGE_SPOOL_MAX_MB * 1024**2
+    """Most usage the local spool holds while PostgreSQL does not take it (LORAPLEX_USAGE_SPOOL_MAX_MB, in MiB);
+    when it is full, new requests get a 503 until the database is back (no request is served unbilled)."""
+
+    share_base_prefix_cache: bool = False
+    """Let base-model requests of different tenants share cached prompt prefixes (LORAPLEX_SHARE_BASE_PREFIX_CACHE=1);
+    off: each tenant's requests reuse only its own, so no tenant can time or count another's prompts through
+    the cache (docs/operating.md#security)."""
+
+    forwarded_allow_ips: str = "127.0.0.1"
+    """The proxies whose X-Forwarded-Proto and X-Forwarded-For are believed (LORAPLEX_FORWARDED_ALLOW_IPS): IPs
+    and networks, comma-separated, or "*" for any. Behind a TLS proxy on another address, name it here, so
+    the console's cookies are marked Secure as the client's https requires (docs/deploying.md)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `environ` (default: the process environment); empty values count as unset."""
@@ -245,6 +262,9 @@ class Settings:
             if env.get("LORAPLEX_CHAT_TEMPLATE")
             else None,
             tool_call_format=_choice(env, "LORAPLEX_TOOL_CALL_FORMAT", TOOL_CALL_FORMATS),
+            usage_spool_max_bytes=_int(env, "LORAPLEX_USAGE_SPOOL_MAX_MB", DEFAULT_USAGE_SPOOL_MAX_MB) * 1024**2,
+            share_base_prefix_cache=_flag(env, "LORAPLEX_SHARE_BASE_PREFIX_CACHE", default=False),
+            forwarded_allow_ips=(env.get("LORAPLEX_FORWARDED_ALLOW_IPS") or "127.0.0.1").strip(),
         )
 
 

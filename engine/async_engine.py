@@ -19,7 +19,7 @@ from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_queue import OutputQueue
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, ended_before_admission
 from engine.sampling_params import SamplingParams
 from engine.step_loop import StepLoop
 
@@ -60,6 +60,7 @@ class AsyncEngine(StepLoop):
         """``engine``: the config the step thread builds the engine from (see :meth:`start`), or an engine built."""
         super().__init__(engine)
         self._sinks: dict[str, OutputQueue] = {}
+        self._num_abort_alls = 0  # abort_all calls so far: a request whose grammar compiled across one is ended
         self._ids = 0
 
     async def stop(self) -> None:
@@ -95,7 +96,13 @@ class AsyncEngine(StepLoop):
         if request_id is None:
             self._ids += 1
             request_id = f"async-{self._ids}"
+        num_abort_alls = self._num_abort_alls
         grammar = None if params.constraint is None else await self.compile_grammar(params.constraint)
+        if self._num_abort_alls != num_abort_alls:  # every request was ended while its grammar compiled: this one too
+            prompt_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            for output in ended_before_admission(request_id, prompt_ids, params.n):
+                yield output
+            return
         sink = OutputQueue(asyncio.get_running_loop())
         self._put(_Submit(request_id, prompt, params, adapter, tenant, weight, sink, grammar))
         try:
@@ -107,6 +114,11 @@ class AsyncEngine(StepLoop):
 
     def abort(self, request_id: str) -> None:
         self._put(_Abort(request_id))
+
+    def abort_all(self) -> None:
+        """End every request in flight, those still compiling their grammar included (see :meth:`generate`)."""
+        self._num_abort_alls += 1
+        super().abort_all()
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` on the step thread between steps (the engine is not thread-safe)."""

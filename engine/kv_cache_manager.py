@@ -6,7 +6,7 @@ from array import array
 from engine.page_pool import PagePool
 from engine.sequence import Sequence
 
-ROOT_HASH = b"loraplex-kv-v1"  # the parent of a sequence's first block
+ROOT_HASH = b"loraplex-kv-v1"  # the parent of a sequence's first block (of one without a cache salt)
 
 
 def block_hash(parent: bytes, token_ids: list[int], adapter_digest: bytes = b"") -> bytes:
@@ -19,6 +19,13 @@ def block_hash(parent: bytes, token_ids: list[int], adapter_digest: bytes = b"")
     digest.update(array("q", token_ids).tobytes())
     digest.update(adapter_digest)
     return digest.digest()
+
+
+def root_hash(cache_salt: str | None) -> bytes:
+    """The parent of a sequence's first block: the salt's, so requests of different salts share no block."""
+    if cache_salt is None:
+        return ROOT_HASH
+    return hashlib.sha256(ROOT_HASH + b"\x00salt\x00" + cache_salt.encode()).digest()
 
 
 class KVCacheManager:
@@ -138,7 +145,7 @@ class KVCacheManager:
     def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:
         size = self.block_size
         for index in range(len(seq.block_hashes), num_blocks):
-            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            parent = seq.block_hashes[-1] if seq.block_hashes else root_hash(seq.params.cache_salt)
             tokens = seq.token_ids[index * size : (index + 1) * size]
             digest = seq.adapter.digest_bytes if seq.adapter is not None else b""
             seq.block_hashes.append(block_hash(parent, tokens, digest))

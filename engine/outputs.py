@@ -90,6 +90,27 @@ class RequestOutput:
         )
 
 
+def ended_before_admission(request_id: str, prompt_token_ids: list[int], n: int) -> list[RequestOutput]:
+    """The last outputs of a request ended (finish reason "abort") before the engine admitted it: every
+    choice, no token (one still compiling its grammar when every request was ended)."""
+    return [
+        RequestOutput(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            token_ids=[],
+            text="",
+            delta_token_ids=[],
+            delta_text="",
+            finish_reason="abort",
+            num_cached_tokens=0,
+            ttft_s=None,
+            index=index,
+            request_finished=index == n - 1,
+        )
+        for index in range(n)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine: its pool, its queues, and counters since it started (``Engine.stats()``)."""

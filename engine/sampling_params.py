@@ -10,6 +10,7 @@ MAX_LOGPROBS = 20  # OpenAI's most top_logprobs per token
 MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0  # presence_penalty and frequency_penalty, as OpenAI bounds them
+MAX_CACHE_SALT_CHARS = 256  # a tenant's id is 36; hashed once per sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,11 @@ class SamplingParams:
     """Let the engine propose tokens from the text so far and verify them (when the server enables it); the
     output is the same either way, so False only trades speed for nothing, e.g. to measure."""
 
+    cache_salt: str | None = None
+    """Prefix-cache blocks are shared only among requests with the same salt (vLLM's ``cache_salt``); None
+    shares with every unsalted request. The gateway salts with the tenant's id: the prompt tokens a response
+    reports as cached then tell a tenant nothing about what another tenant sent."""
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -93,6 +99,8 @@ class SamplingParams:
             raise RequestError(f"n must be at least 1, got {self.n}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
+            raise RequestError(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters, got {len(self.cache_salt)}")
         if self.constraint is not None and self.min_tokens:
             raise RequestError("min_tokens cannot be combined with structured output: its grammar decides the end")
 

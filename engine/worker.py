@@ -21,7 +21,7 @@ from engine.engine import Engine
 from engine.errors import EngineDeadError, EngineError
 from engine.grammar import GrammarConstraint
 from engine.output_delta import DeltaEncoder
-from engine.outputs import EngineStats, RequestOutput
+from engine.outputs import EngineStats, RequestOutput, ended_before_admission
 from engine.step_loop import Call, StepLoop
 from engine.worker_protocol import (
     Abort,
@@ -184,8 +184,7 @@ class EngineWorker(StepLoop):
     def _handle(self, command: Any) -> None:
         match command:
             case AbortRequests(request_ids=request_ids):
-                live = [request_id for request_id in request_ids if request_id in self._live]
-                self._send([output for request_id in live for output in self._abort(request_id)])
+                self._end_answered(request_ids)
             case Abort(request_id=request_id):  # its outputs are not wanted: nobody reads them
                 self._abort(request_id)
                 self._live.discard(request_id)
@@ -194,7 +193,20 @@ class EngineWorker(StepLoop):
                 self._accept(command)
 
     def _abort_everything(self) -> None:
-        self._send([output for request_id in list(self._live) for output in self._abort(request_id)])
+        self._end_answered([*self._live, *self._compiling])
+
+    def _end_answered(self, request_ids: list[str]) -> None:
+        """End these requests, running or still compiling their grammar, each with its last outputs (finish
+        reason "abort"); one still compiling is never admitted. Ids of neither kind are skipped."""
+        outputs: list[RequestOutput] = []
+        for request_id in request_ids:
+            if request_id in self._compiling:
+                request, _ = self._compiling.pop(request_id)
+                self._live.add(request_id)
+                outputs += ended_before_admission(request_id, request.prompt_ids, request.params.n)
+            elif request_id in self._live:
+                outputs += self._abort(request_id)
+        self._send(outputs)
 
     def _between_steps(self) -> None:
         self._admit_compiled()

@@ -1,10 +1,12 @@
 """Tenants for the admin API: create, list, read, change, disable and delete, each change audited.
 
 Deleting a tenant is a soft delete: the row stays with status ``deleted`` because ``usage_events`` (the
-billing record) points at it. Its keys are revoked and its adapters marked deleted and removed from the
-engine; requests already running finish first. A deleted tenant cannot be changed or given keys, and its
-name stays taken for good, so usage reports and the audit log never show two tenants under one name;
-choose a new name for a new tenant.
+billing record) points at it. What holds the tenant's data goes in the same transaction: its stored responses
+are deleted and its adapters' chat templates cleared; its keys are revoked and its adapters marked deleted,
+then removed from the engine and, unless another tenant's adapter has the same digest, from the file store
+(app/admin/adapter_removal.py); requests already running finish first. A deleted tenant cannot be changed or
+given keys, and its name stays taken for good, so usage reports and the audit log never show two tenants under
+one name; choose a new name for a new tenant.
 
 Every change to a tenant makes this process's authenticator forget the tenant's keys once it is
 committed, so a disabled or deleted tenant's keys are refused from the very next request. A deletion is
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -33,7 +35,7 @@ from app.admin.adapter_service import AdapterService
 from app.admin.audit import record_change
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.db.database import Database
-from app.db.tables import Adapter, ApiKey, Tenant
+from app.db.tables import Adapter, ApiKey, StoredResponse, Tenant
 from app.keys.authenticator import Authenticator, Principal
 from app.web.errors import ConflictError, NotFoundError
 
@@ -154,7 +156,7 @@ class TenantService:
         return after
 
     async def delete(self, actor: Principal, tenant_id: uuid.UUID) -> TenantOut:
-        """Mark the tenant deleted, revoke its keys and delete its adapters; deleting it again changes nothing."""
+        """Mark the tenant deleted, revoke its keys, delete its adapters and stored responses; again: nothing."""
         async with self.database.sessions() as session, session.begin():
             tenant = await lock_tenant(session, tenant_id)
             if tenant.status == DELETED:
@@ -178,6 +180,14 @@ class TenantService:
                     .returning(Adapter.id, Adapter.name, Adapter.digest)
                 )
             ).all()
+            await session.execute(
+                update(Adapter)
+                .where(Adapter.tenant_id == tenant.id)
+                .values(chat_template=None, chat_template_sha256=None)
+            )
+            num_responses = (
+                await session.execute(delete(StoredResponse).where(StoredResponse.tenant_id == tenant.id))
+            ).rowcount
             tenant.status = DELETED
             await session.flush()
             # Sent on commit, the tenant first: other replicas stop taking its keys, then retire its adapters.
@@ -196,15 +206,17 @@ class TenantService:
                 | {
                     "revoked_key_ids": sorted(str(key_id) for key_id in revoked_key_ids),
                     "deleted_adapter_ids": sorted(str(adapter.id) for adapter in adapters),
+                    "deleted_stored_responses": num_responses,
                 },
             )
         self.authenticator.forget_tenant(tenant.id)
         logger.info(
-            "deleted tenant %s (%s): %d keys revoked, %d adapters deleted",
+            "deleted tenant %s (%s): %d keys revoked, %d adapters and %d stored responses deleted",
             tenant.name,
             tenant.id,
             len(revoked_key_ids),
             len(adapters),
+            num_responses,
         )
         for adapter in adapters:
             self.resolver.forget(tenant.id, adapter.name)

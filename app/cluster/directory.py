@@ -7,6 +7,11 @@ queues a command for every live replica and returns each one's :class:`Reply`. A
 polled for ``LIVENESS_S`` is dropped (it died; Serve starts another, which joins afresh). Pins are kept
 here as well, so a replica that joins later (a restart, a scale-up) pins the same adapters.
 
+Ray restarts the directory when its process dies (``max_restarts=-1``). The replicas find out at their
+next poll and join again; the pins, which nobody would announce again, are kept in Ray's key-value store
+(held by the cluster's control store, GCS) and read back by the restarted directory. A directory created
+afresh (a new cluster, or the first gateway after one was removed) starts with none.
+
 Gateways that join a cluster also claim here the right to deploy the engine app
 (:meth:`EngineDirectory.claim_deployment`), so that two of them starting at once deploy it once.
 """
@@ -20,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import ray
+from ray.experimental import internal_kv
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +34,7 @@ DIRECTORY_NAMESPACE = "loraplex"
 POLL_S = 1.0  # a replica's long poll returns after this with no commands, proving it is alive
 LIVENESS_S = 5.0  # a replica silent for this long is taken for dead
 BROADCAST_TIMEOUT_S = 60.0  # most a broadcast waits for a live replica's reply
+PINS_NAMESPACE = "loraplex-engine-directory-pins"  # Ray's key-value store: digest -> its PinAdapter command
 
 
 @dataclass(slots=True)
@@ -42,13 +49,21 @@ class _Member:
 class EngineDirectory:
     """Who the engine replicas are, what each must do next, and the adapters every one of them pins."""
 
-    def __init__(self) -> None:
+    def __init__(self, pins_namespace: str = PINS_NAMESPACE) -> None:
+        """``pins_namespace``: where in Ray's key-value store the pins outlive this actor's process."""
         self._members: dict[str, _Member] = {}
         self._seq = 0
         self._replies: dict[int, dict[str, bytes]] = {}
         self._replied = asyncio.Condition()
+        self._pins_namespace = pins_namespace
         self._pins: dict[str, bytes] = {}  # digest -> the PinAdapter command a joining replica replays
         self._deployer: tuple[str, float] | None = None  # the gateway deploying the engine app, until (monotonic)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            for key in internal_kv._internal_kv_list(b"", namespace=pins_namespace):
+                self._pins[key.decode()] = internal_kv._internal_kv_get(key, namespace=pins_namespace)
+            logger.info("engine directory restarted: %d pins read back", len(self._pins))
+        else:
+            internal_kv._internal_kv_del(b"", del_by_prefix=True, namespace=pins_namespace)
 
     async def join(self, replica_id: str, pid: int) -> list[bytes]:
         """Register a replica; the pin commands it must apply before it serves."""
@@ -113,8 +128,10 @@ class EngineDirectory:
             digest, pinned = pin
             if pinned:
                 self._pins[digest] = command
+                internal_kv._internal_kv_put(digest, command, namespace=self._pins_namespace)
             else:
                 self._pins.pop(digest, None)
+                internal_kv._internal_kv_del(digest, namespace=self._pins_namespace)
         self._drop_silent()
         self._seq += 1
         seq = self._seq

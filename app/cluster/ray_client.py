@@ -151,19 +151,23 @@ class RayEngineClient(TokenizingClient):
         digest = None if adapter is None else self._digest(adapter)
         inbox = self._inbox_in_use()
         stream = inbox.open(request_id, prompt_ids)
-        handle = self.deployment.handle.options(multiplexed_model_id=digest or "")
-        body = _encoder.encode(Submit(request_id, prompt_ids, params, digest, tenant, weight))
-        response = handle.run.remote(body, inbox.encoded_address)
-        watch = asyncio.ensure_future(self._watch(inbox, request_id, response))
-        self._watches.add(watch)
-        watch.add_done_callback(self._watches.discard)
-        self._live.add(request_id)
-        try:
+        response: DeploymentResponse | None = None
+        try:  # from the stream's opening: a submission that raises leaves no stream behind
+            handle = self.deployment.handle.options(multiplexed_model_id=digest or "")
+            body = _encoder.encode(Submit(request_id, prompt_ids, params, digest, tenant, weight))
+            response = handle.run.remote(body, inbox.encoded_address)
+            watch = asyncio.ensure_future(self._watch(inbox, request_id, response))
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
+            self._live.add(request_id)
             async for output in stream.queue.outputs(request_id):
                 yield output
         finally:
             self._live.discard(request_id)
-            if not inbox.leave(request_id):  # the caller left early (a client gone): the replica frees its pages
+            left_early = not inbox.leave(request_id)
+            if (
+                left_early and response is not None
+            ):  # the caller left early (a client gone): the replica frees its pages
                 response.cancel()
 
     @staticmethod

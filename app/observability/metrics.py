@@ -77,11 +77,20 @@ class GatewayMetrics:
             "Usage records waiting to be written to PostgreSQL; grows while the database is away.",
             registry=self.registry,
         )
+        self.usage_spool_bytes = Gauge(
+            "loraplex_usage_spool_bytes",
+            "Bytes of usage records in the local spool that PostgreSQL does not hold yet; at "
+            "LORAPLEX_USAGE_SPOOL_MAX_MB new requests are refused.",
+            registry=self.registry,
+        )
         self.workers = WorkerGauges(self.registry)
 
-    def render(self, stats_by_worker: dict[str, EngineStats] | None, usage_pending: int) -> bytes:
+    def render(
+        self, stats_by_worker: dict[str, EngineStats] | None, usage_pending: int, usage_spool_bytes: int = 0
+    ) -> bytes:
         """The exposition text, with the engine gauges set from each worker's stats (None: engine not started)."""
         self.usage_pending.set(usage_pending)
+        self.usage_spool_bytes.set(usage_spool_bytes)
         self.workers.clear()
         for worker, stats in (stats_by_worker or {}).items():
             self.workers.set(worker, stats)

@@ -76,7 +76,7 @@ async def ready(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     gateway = gateway_of(request)
     stats_by_worker = await gateway.engine.worker_stats() if gateway.engine.is_ready() else None
-    content = gateway.metrics.render(stats_by_worker, gateway.writer.num_pending)
+    content = gateway.metrics.render(stats_by_worker, gateway.writer.num_pending, gateway.writer.spool_bytes)
     return Response(content=content, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,19 +1,23 @@
 """The usage writer: the request path hands it records; a background task inserts them in batches.
 
-Nothing is lost because the database is away: records wait in memory while it is unreachable and are
-retried with exponential backoff; whatever is still unwritten at shutdown goes to a spill file that the
-next start re-queues. Only rows the database itself refuses (SQLSTATE class 22, data exception, or 23,
-integrity violation, e.g. an unknown tenant) are dropped, one by one, each with an error log. Retrying
-is safe because ``request_id`` is UNIQUE and every INSERT says ON CONFLICT DO NOTHING: a batch retried
-after a lost commit acknowledgement never counts twice.
+Nothing is lost because the database is away or the process dies: each record goes to the usage spool
+(app/usage/spool.py), an fsync'd file the next start reads back, before its reply completes, and waits in
+memory until the table holds it, retried with exponential backoff while the database is unreachable. A full
+spool refuses new requests (:meth:`UsageWriter.check_room`) rather than serve what could not be billed. Only
+rows the database itself refuses (SQLSTATE class 22, data exception, or 23, integrity violation, e.g. an
+unknown tenant) are dropped, one by one, each with an error log. Retrying is safe because ``request_id`` is
+UNIQUE and every INSERT says ON CONFLICT DO NOTHING: a batch retried after a lost commit acknowledgement never
+counts twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -25,7 +29,10 @@ import msgspec
 from app.db.database import Database
 from app.db.tables import UsageEvent
 from app.retry import Backoff
+from app.settings import DEFAULT_USAGE_SPOOL_MAX_MB
 from app.usage.records import UsageRecord
+from app.usage.spool import UsageSpool
+from app.web.errors import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +50,9 @@ INITIAL_BACKOFF_S = 0.2  # the first retry's longest wait while the database is 
 MAX_BACKOFF_S = 5.0
 WRITE_TIMEOUT_S = 10.0  # one batch attempt; a database that hangs is treated like one that is down
 CLOSE_TIMEOUT_S = 2.0
+# How long a reply waits for its record to be on disk: past it the reply goes out and the record stays queued
+# (a disk that hangs must not hang every reply; the spool's error refuses new requests meanwhile).
+DURABLE_WAIT_S = 5.0
 REJECTED_SQLSTATE_CLASSES = ("22", "23")  # data exception, integrity constraint violation
 
 
@@ -58,19 +68,24 @@ class UsageWriter:
         self,
         database: Database,
         *,
-        spill_path: Path | None = None,
+        spool_folder: Path | None = None,
+        spool_stem: str = "usage-spool",
+        spool_max_bytes: int = DEFAULT_USAGE_SPOOL_MAX_MB * 1024**2,
         flush_interval_s: float = 0.2,
         max_batch: int = 500,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._database = database
-        self._spill_path = spill_path
+        self._spool = None if spool_folder is None else UsageSpool(spool_folder, spool_stem, max_bytes=spool_max_bytes)
         self._flush_interval_s = flush_interval_s
         self._max_batch = max_batch
-        self._pending: deque[UsageRecord] = deque()  # oldest first; only the writer removes, from the left
+        # (sequence number, record), oldest first; only the writer removes, from the left. Numbers grow along the
+        # queue, so a written batch's last number releases every spooled record up to it.
+        self._pending: deque[tuple[int, UsageRecord]] = deque()
+        self._next_seq = 0
+        self._record_lock = threading.Lock()  # a number and a place in the queue, taken together
         self._num_written = 0
-        self._num_from_spill = 0  # re-queued spill records still pending (they lead the queue)
         self._outage_since: float | None = None
         self._connection: asyncpg.Connection | None = None  # opened on the first write, again after a failure
         self._lock = asyncio.Lock()  # one writing pass at a time: the background task's or a flush()
@@ -87,17 +102,57 @@ class UsageWriter:
         """Records the table now holds (inserted, or already there under the same request_id)."""
         return self._num_written
 
-    def record(self, rec: UsageRecord) -> None:
-        """Queue one record; never blocks and never raises (callable from any thread)."""
-        self._pending.append(rec)
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes of spooled records the table does not hold yet (0 without a spool)."""
+        return 0 if self._spool is None else self._spool.num_bytes
+
+    def check_room(self) -> None:
+        """Raise a 503 when a new request's usage could not be kept: the spool is full or cannot be written."""
+        if self._spool is None:
+            return
+        if self._spool.is_full:
+            raise ServiceUnavailableError(
+                "The server cannot record usage right now (its usage database is unreachable and the local spool "
+                "is full), so it takes no new request; retry later."
+            )
+        if self._spool.error is not None:
+            raise ServiceUnavailableError(
+                "The server cannot record usage right now (its usage spool cannot be written), so it takes no "
+                "new request; retry later."
+            )
+
+    def record(self, rec: UsageRecord) -> concurrent.futures.Future[None]:
+        """Queue one record; never blocks and never raises (callable from any thread).
+
+        The future is done once the record is durable: on disk in the spool, or in the table. Await it with
+        :func:`wait_durable` before the reply completes.
+        """
+        with self._record_lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            self._pending.append((seq, rec))
+            durable = self._spool.append(seq, rec) if self._spool is not None and self._loop is not None else None
+        if durable is None:  # no spool, or not started: the record waits in memory (start() spools it)
+            durable = concurrent.futures.Future()
+            durable.set_result(None)
         if len(self._pending) == self._max_batch and self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closing: the record waits for stop()
                 self._loop.call_soon_threadsafe(self._wakeup.set)
+        return durable
 
     def start(self) -> None:
-        """Re-queue the spill file's records and start writing (call it inside the running event loop)."""
+        """Read the spool's records back, queue them, and start writing (call it inside the running event loop)."""
+        if self._spool is not None:
+            with self._record_lock:
+                recorded_before = list(self._pending)
+                replayed = self._spool.open(self._next_seq)
+                self._next_seq += len(replayed)
+                self._pending.extend(replayed)
+                self._loop = asyncio.get_running_loop()
+                for seq, rec in recorded_before:
+                    self._spool.append(seq, rec)
         self._loop = asyncio.get_running_loop()
-        self._requeue_spilled()
         self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     async def flush(self) -> int:
@@ -106,20 +161,22 @@ class UsageWriter:
         return num_written
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the background task, write what is pending for up to ``timeout_s``, and spill the rest."""
+        """Stop the background task and write what is pending for up to ``timeout_s``; the spool keeps the rest."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait([self._task])
             self._task = None
-        self._loop = None
         backoff = Backoff(INITIAL_BACKOFF_S, MAX_BACKOFF_S)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while self._pending:
                     if not (await self._write_pending())[1]:
                         await backoff.wait()
-        if self._pending:
-            self._spill()
+        self._loop = None
+        if self._spool is not None:
+            await asyncio.to_thread(self._spool.close)
+        elif self._pending:
+            logger.error("usage writer stopped with %d records unwritten and no spool: lost", len(self._pending))
         await self._close_connection()
 
     async def _run(self) -> None:
@@ -144,7 +201,7 @@ class UsageWriter:
         async with self._lock:
             num_left = len(self._pending)
             while num_left:
-                batch = list(itertools.islice(self._pending, min(self._max_batch, num_left)))
+                batch = [rec for _, rec in itertools.islice(self._pending, min(self._max_batch, num_left))]
                 try:
                     async with asyncio.timeout(WRITE_TIMEOUT_S):
                         num_written += await self._insert(batch)
@@ -206,13 +263,12 @@ class UsageWriter:
         self._connection = None
 
     def _settle(self, num_records: int) -> None:
-        """Take the first ``num_records`` off the queue; remove the spill file once its records are all in."""
+        """Take the first ``num_records`` off the queue: the table holds them, so the spool may let them go."""
+        seq = -1
         for _ in range(num_records):
-            self._pending.popleft()
-        if self._num_from_spill > 0:
-            self._num_from_spill = max(0, self._num_from_spill - num_records)
-            if self._num_from_spill == 0 and self._spill_path is not None:
-                self._spill_path.unlink(missing_ok=True)
+            seq, _ = self._pending.popleft()
+        if self._spool is not None and seq >= 0:
+            self._spool.release(seq)
 
     def _note_outage(self, error: Exception) -> None:
         if self._outage_since is None:
@@ -221,35 +277,12 @@ class UsageWriter:
         else:
             logger.debug("usage database still unavailable: %r", error)
 
-    def _spill(self) -> None:
-        """Append the unwritten records to the spill file (those re-queued from it are still there)."""
-        if self._spill_path is None:
-            logger.error("usage writer stopped with %d records unwritten and no spill file: lost", len(self._pending))
-            return
-        encoder = msgspec.json.Encoder()
-        new_records = itertools.islice(self._pending, self._num_from_spill, None)
-        try:
-            self._spill_path.parent.mkdir(parents=True, exist_ok=True)
-            with self._spill_path.open("ab") as spill:
-                spill.writelines(encoder.encode(rec) + b"\n" for rec in new_records)
-        except OSError as error:
-            logger.error("could not spill %d unwritten usage records, lost: %s", len(self._pending), error)
-            return
-        logger.warning("usage database unavailable at shutdown: %d records kept in %s", len(self._pending), spill.name)
 
-    def _requeue_spilled(self) -> None:
-        """Put the spill file's records at the head of the queue; the file goes once they are written."""
-        if self._spill_path is None or not self._spill_path.is_file():
-            return
-        decoder = msgspec.json.Decoder(UsageRecord)
-        records: list[UsageRecord] = []
-        for number, line in enumerate(self._spill_path.read_bytes().splitlines(), start=1):
-            try:
-                records.append(decoder.decode(line))
-            except (msgspec.DecodeError, ValueError) as error:
-                logger.error("skipped line %d of the usage spill file %s: %s", number, self._spill_path, error)
-        self._pending.extendleft(reversed(records))
-        self._num_from_spill = len(records)
-        logger.info("re-queued %d usage records from %s", len(records), self._spill_path)
-        if not records:
-            self._spill_path.unlink()
+async def wait_durable(durable: concurrent.futures.Future[None]) -> None:
+    """Wait until a recorded usage is durable, for up to DURABLE_WAIT_S (it stays queued either way)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(durable)), DURABLE_WAIT_S)
+    except TimeoutError:
+        logger.warning(
+            "a usage record was not on disk after %.0f s; the reply goes out, the record stays queued", DURABLE_WAIT_S
+        )

@@ -16,6 +16,7 @@ from litestar import Litestar
 
 from app.engine_clients.interface import EngineClient
 from app.factory import create_app
+from app.serve import uvicorn_config
 from app.services import Gateway
 from app.settings import Settings
 
@@ -52,7 +53,7 @@ def live_server(settings: Settings, engine: EngineClient) -> Iterator[LiveServer
 
     app.on_startup.append(remember_loop)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, settings, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, name="live-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -289,6 +289,7 @@ async def test_delete_revokes_keys_deletes_adapters_and_keeps_usage(
         assert rows[0].after == deleted | {
             "revoked_key_ids": sorted(str(key.id) for key in keys),
             "deleted_adapter_ids": [adapter_id],
+            "deleted_stored_responses": 0,
         }
 
 

@@ -189,6 +189,8 @@ async def test_the_database_away_for_10_s_cached_keys_serve_and_usage_waits(
         assert unknown.status_code == 503 and "database" in unknown.json()["error"]["message"]
         assert pending == len(during), "the usage of every request of the outage waited in memory"
         assert f"loraplex_usage_records_pending {float(pending)}" in metrics
+        spool_bytes = float(metrics.split("\nloraplex_usage_spool_bytes ")[1].split()[0])
+        assert spool_bytes > 100 * pending, "the usage of every request of the outage is on disk, not only in memory"
         assert ready_after.json()["status"] == "ready"
         assert sorted(row.request_id for row in rows) == sorted(request_ids), "each request exactly one row"
     finally:

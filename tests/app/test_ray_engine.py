@@ -11,12 +11,14 @@ import json
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import msgspec
 import pytest
 import ray
 
+from app.cluster.directory import DIRECTORY_NAMESPACE, EngineDirectory
 from app.cluster.output_inbox import OutputInbox
 from app.cluster.output_wire import RunEnded
 from app.cluster.ray_client import RayEngineClient
@@ -170,6 +172,15 @@ async def test_a_request_left_before_its_first_output_is_freed_on_the_worker(ray
     await asyncio.sleep(SETTLE_S)  # a request Serve had sent already has reached its engine by now
     stats = await wait_until_idle(ray_engine)
     assert sum(one.num_generated_tokens for one in stats.values()) - before < 1000
+
+
+async def test_a_submission_that_raises_leaves_no_stream_open(ray_engine) -> None:
+    unencodable = [object()]  # the submission fails to encode, after the request's stream was opened
+    with pytest.raises(TypeError):
+        async for _ in ray_engine.generate(unencodable, SamplingParams(max_tokens=1), "raised-once", None):
+            pass
+    outputs = await _generate(ray_engine, "raised-once", None)  # the same id: nothing of the first is left
+    assert outputs[-1].finished and outputs[-1].finish_reason == "length"
 
 
 async def test_a_gateway_whose_inbox_closes_has_its_requests_ended_on_the_replica(ray_engine) -> None:
@@ -333,6 +344,40 @@ async def test_pins_abort_all_and_removals_reach_every_replica(ray_engine, data_
     assert not ray_engine.has_adapter("pinned")
     with pytest.raises(UnknownAdapterError):
         await _generate(ray_engine, "after-removal", "pinned")
+
+
+async def _join_when_back(directory, replica_id: str) -> list[bytes]:
+    """The pins a replica joining ``directory`` gets, once the actor answers again (it may be restarting)."""
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            return await directory.join.remote(replica_id, os.getpid())
+        except ray.exceptions.RayActorError:
+            assert time.monotonic() < deadline, "the directory did not come back"
+            await asyncio.sleep(0.2)
+
+
+async def test_a_restarted_directory_still_gives_joining_replicas_the_pins(ray_engine) -> None:
+    pins_namespace = f"test-pins-{uuid.uuid4().hex}"
+    directory = EngineDirectory.options(namespace=DIRECTORY_NAMESPACE, name=f"test-{pins_namespace}").remote(
+        pins_namespace
+    )
+    try:
+        await directory.broadcast.remote(b"pin a", ("digest-a", True))  # no replica yet: only recorded
+        await directory.broadcast.remote(b"pin b", ("digest-b", True))
+        await directory.broadcast.remote(b"unpin b", ("digest-b", False))
+        assert await directory.join.remote("replica-1", os.getpid()) == [b"pin a"]
+        ray.kill(directory, no_restart=False)  # its process dies; Ray starts it again
+        assert await _join_when_back(directory, "replica-2") == [b"pin a"]
+    finally:
+        ray.kill(directory, no_restart=True)
+    fresh = EngineDirectory.options(namespace=DIRECTORY_NAMESPACE, name=f"fresh-{pins_namespace}").remote(
+        pins_namespace
+    )
+    try:
+        assert await fresh.join.remote("replica-3", os.getpid()) == [], "a directory created afresh starts with none"
+    finally:
+        ray.kill(fresh, no_restart=True)
 
 
 async def test_a_replica_steps_on_the_thread_that_built_its_engine(ray_engine) -> None:

@@ -9,10 +9,11 @@ import openai
 import pytest
 from sqlalchemy import func, select, update
 
-from app.db.tables import StoredResponse
+from app.db.tables import Adapter, StoredResponse
 from app.settings import Settings, SettingsError
 from tests.app.gateway_fixtures import TenantKey, gateway_client, make_tenant, usage_rows
 from tests.app.live_server import LiveServer
+from tests.app.test_admin_tenants import make_admin
 
 pytestmark = pytest.mark.default_model
 
@@ -169,6 +170,40 @@ async def test_expired_responses_are_invisible_and_swept(gateway_settings, defau
             stored = await session.get(StoredResponse, ids[1])
         retention = stored.expires_at - stored.created_at
         assert abs(retention - timedelta(days=gateway_settings.response_retention_days)) < timedelta(seconds=5)
+
+
+@pytest.mark.anyio
+async def test_deleting_a_tenant_deletes_its_stored_responses_and_templates_at_once(
+    gateway_settings, default_engine, tenant_adapters
+) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin, _ = await make_admin(gateway)
+        acme = await make_tenant(gateway, "acme", adapters={"alpha": tenant_adapters["alpha"]})
+        globex = await make_tenant(gateway, "globex")
+        body = {"model": default_engine.model_name, "input": "My password is hunter2.", "max_output_tokens": 2}
+        first = (await client.post("/v1/responses", json=body, headers=acme.headers)).json()
+        continued = {**body, "input": "What is it?", "previous_response_id": first["id"]}
+        second = (await client.post("/v1/responses", json=continued, headers=acme.headers)).json()
+        kept = (await client.post("/v1/responses", json=body, headers=globex.headers)).json()
+        async with gateway.database.sessions() as session, session.begin():
+            await session.execute(
+                update(Adapter).where(Adapter.tenant_id == acme.tenant_id).values(chat_template="{{ messages }}")
+            )
+
+        response = await client.delete(f"/admin/tenants/{acme.tenant_id}", headers=admin.headers)
+        assert response.status_code == 200, response.text
+        async with gateway.database.sessions() as session:
+            stored = await session.scalars(select(StoredResponse.id).order_by(StoredResponse.id))
+            assert list(stored) == [kept["id"]], "the deleted tenant's conversations are gone, no other's"
+            templates = await session.scalars(select(Adapter.chat_template).where(Adapter.tenant_id == acme.tenant_id))
+            assert list(templates) == [None]
+        assert (await client.get(f"/v1/responses/{kept['id']}", headers=globex.headers)).status_code == 200
+
+        # A response that finishes after its tenant's deletion is not stored.
+        late = {**second, "id": "resp_finished_late"}
+        assert not await gateway.responses.store.save(acme.tenant_id, late, [], None)
+        async with gateway.database.sessions() as session:
+            assert await session.get(StoredResponse, "resp_finished_late") is None
 
 
 def test_the_retention_setting_is_read_within_its_range() -> None:

@@ -91,6 +91,9 @@ TABLE = [
     Row("LORAPLEX_LOG_LEVEL", "log_level", "DEBUG", "debug", (("loud", "must be one of info, debug"),)),
     Row("LORAPLEX_CHAT_TEMPLATE", "chat_template", "/srv/tools.jinja", Path("/srv/tools.jinja")),
     Row("LORAPLEX_TOOL_CALL_FORMAT", "tool_call_format", "pythonic", "pythonic", (("xml", "must be one of hermes"),)),
+    Row("LORAPLEX_USAGE_SPOOL_MAX_MB", "usage_spool_max_bytes", "16", 16 * MIB, (("0", "at least 1"), *WHOLE_NUMBER)),
+    Row("LORAPLEX_SHARE_BASE_PREFIX_CACHE", "share_base_prefix_cache", "1", True),
+    Row("LORAPLEX_FORWARDED_ALLOW_IPS", "forwarded_allow_ips", "10.0.0.0/8,10.1.2.3", "10.0.0.0/8,10.1.2.3"),
 ]
 BAD = [(row.variable, value, message) for row in TABLE for value, message in row.bad]
 

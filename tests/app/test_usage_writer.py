@@ -4,44 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio.to_thread
 import asyncpg
+import msgspec
 import pytest
 
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
 from app.usage.records import UsageRecord
-from app.usage.writer import UsageWriter
+from app.usage.writer import UsageWriter, wait_durable
+from app.web.errors import ServiceUnavailableError
+from tests.app.usage_records import usage_record
+from tests.app.usage_spool_child import DURABLE_LINE
 
 pytestmark = pytest.mark.anyio
 
 WRITER_LOGGER = "app.usage.writer"
 
 
-def _usage(tenant_id: uuid.UUID, request_id: str, index: int = 0) -> UsageRecord:
-    started_at = datetime(2025, 3, 1, 12, 0, tzinfo=UTC) + timedelta(seconds=index, microseconds=index)
-    return UsageRecord(
-        request_id=request_id,
-        tenant_id=tenant_id,
-        api_key_id=None,
-        adapter_id=None,
-        model="SmolLM2-135M-Instruct",
-        prompt_tokens=100 + index,
-        cached_prompt_tokens=index % 64,
-        completion_tokens=7 * index + 1,
-        status=("ok", "error", "cancelled")[index % 3],
-        finish_reason="length" if index % 2 else None,
-        started_at=started_at,
-        finished_at=started_at + timedelta(milliseconds=250 + index),
-        ttft_ms=12.5 + index / 7 if index % 5 else None,
-    )
+_usage = usage_record
 
 
 async def _insert_tenant(url: str) -> uuid.UUID:
@@ -151,41 +140,136 @@ async def test_an_outage_loses_nothing_and_counts_nothing_twice(pgdata: Path, ca
         await anyio.to_thread.run_sync(server.stop)
 
 
-async def test_records_spilled_at_shutdown_are_written_by_a_later_start(
+def _unreachable(folder: Path) -> Database:
+    return Database(f"postgresql://postgres@/loraplex?host={folder / 'no-server-here'}")
+
+
+def _spool_lines(folder: Path) -> list[bytes]:
+    return (folder / "usage-spool.jsonl").read_bytes().splitlines()
+
+
+async def test_records_the_database_did_not_take_are_written_by_a_later_start(
     tmp_path: Path, database: Database, database_url: str
 ) -> None:
     tenant_id = await _insert_tenant(database_url)
-    spill_path = tmp_path / "usage-spill.jsonl"
     recorded = [_usage(tenant_id, f"req-{index}", index) for index in range(7)]
-    unreachable = Database(f"postgresql://postgres@/loraplex?host={tmp_path / 'no-server-here'}")
+    unreachable = _unreachable(tmp_path)
     try:
-        writer = UsageWriter(unreachable, spill_path=spill_path)
+        writer = UsageWriter(unreachable, spool_folder=tmp_path)
         writer.start()
         for rec in recorded[:5]:
             writer.record(rec)
         await writer.stop(timeout_s=0.3)
-        assert len(spill_path.read_bytes().splitlines()) == 5
+        assert len(_spool_lines(tmp_path)) == 5
 
-        restarted_while_down = UsageWriter(unreachable, spill_path=spill_path)
+        restarted_while_down = UsageWriter(unreachable, spool_folder=tmp_path)
         restarted_while_down.start()
         assert restarted_while_down.num_pending == 5
         for rec in recorded[5:]:
             restarted_while_down.record(rec)
         await restarted_while_down.stop(timeout_s=0.3)
-        assert len(spill_path.read_bytes().splitlines()) == 7, "each record spilled once"
+        assert len(_spool_lines(tmp_path)) == 7, "each record spooled once"
     finally:
         await unreachable.close()
 
-    restarted = UsageWriter(database, spill_path=spill_path, flush_interval_s=0.05)
+    restarted = UsageWriter(database, spool_folder=tmp_path, flush_interval_s=0.05)
     restarted.start()
     assert restarted.num_pending == 7
     await _wait_until(lambda: restarted.num_pending == 0, timeout_s=5.0)
+    await _wait_until(lambda: restarted.spool_bytes == 0, timeout_s=5.0)
     await restarted.stop()
     assert await _stored(database_url) == recorded
-    assert not spill_path.exists()
+    assert _spool_lines(tmp_path) == [], "the spool keeps only what the table does not hold"
 
 
-async def test_stop_without_a_spill_file_says_how_many_records_are_lost(
+async def test_records_survive_a_killed_process_and_arrive_exactly_once(
+    tmp_path: Path, database: Database, database_url: str
+) -> None:
+    """Records made durable while PostgreSQL is away, then SIGKILL: the next start writes each exactly once,
+    also those the table already held (a commit whose release never reached the spool)."""
+    tenant_id = await _insert_tenant(database_url)
+    num_records = 40
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.app.usage_spool_child",
+        str(tmp_path),
+        str(tenant_id),
+        str(num_records),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        assert child.stdout is not None
+        async with asyncio.timeout(60.0):
+            line = await child.stdout.readline()
+        assert line.decode().strip() == DURABLE_LINE
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.wait()
+    recorded = [_usage(tenant_id, f"req-killed-{index}", index) for index in range(num_records)]
+    already_written = UsageWriter(database)
+    for rec in recorded[:10]:
+        already_written.record(rec)
+    assert await already_written.flush() == 10
+
+    restarted = UsageWriter(database, spool_folder=tmp_path, flush_interval_s=0.05)
+    restarted.start()
+    assert restarted.num_pending == num_records
+    await _wait_until(lambda: restarted.num_pending == 0, timeout_s=10.0)
+    await restarted.stop()
+    assert await _stored(database_url) == sorted(recorded, key=lambda rec: rec.request_id)
+
+
+async def test_a_full_spool_refuses_new_requests_until_the_database_takes_it(
+    tmp_path: Path, database: Database, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant_id = await _insert_tenant(database_url)
+    line_bytes = len(msgspec.json.encode(_usage(tenant_id, "req-00", 0))) + 1
+    unreachable = _unreachable(tmp_path)
+    recorded: list[UsageRecord] = []
+    try:
+        writer = UsageWriter(unreachable, spool_folder=tmp_path, spool_max_bytes=3 * line_bytes)
+        writer.start()
+        for index in range(3):
+            writer.check_room()
+            recorded.append(_usage(tenant_id, f"req-{index:02d}", index))
+            await wait_durable(writer.record(recorded[-1]))
+        with pytest.raises(ServiceUnavailableError, match="spool is full"):
+            writer.check_room()
+        recorded.append(_usage(tenant_id, "req-03", 3))  # a request already running still records its usage
+        await wait_durable(writer.record(recorded[-1]))
+        await writer.stop(timeout_s=0.3)
+    finally:
+        await unreachable.close()
+    assert len(_spool_lines(tmp_path)) == 4
+    assert any("full, new requests are refused" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+    restarted = UsageWriter(database, spool_folder=tmp_path, spool_max_bytes=3 * line_bytes, flush_interval_s=0.05)
+    restarted.start()
+    await _wait_until(lambda: restarted.spool_bytes == 0, timeout_s=5.0)
+    restarted.check_room()
+    await restarted.stop()
+    assert await _stored(database_url) == recorded
+
+
+async def test_two_writers_on_one_data_folder_keep_spools_of_their_own(tmp_path: Path) -> None:
+    unreachable = _unreachable(tmp_path)
+    first, second = UsageWriter(unreachable, spool_folder=tmp_path), UsageWriter(unreachable, spool_folder=tmp_path)
+    try:
+        first.start()
+        second.start()
+        await wait_durable(first.record(_usage(uuid.uuid4(), "req-first")))
+        await wait_durable(second.record(_usage(uuid.uuid4(), "req-second")))
+        await first.stop(timeout_s=0.1)
+        await second.stop(timeout_s=0.1)
+    finally:
+        await unreachable.close()
+    assert [b"req-first" in line for line in _spool_lines(tmp_path)] == [True]
+    assert [b"req-second" in line for line in (tmp_path / "usage-spool-1.jsonl").read_bytes().splitlines()] == [True]
+
+
+async def test_stop_without_a_spool_says_how_many_records_are_lost(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     unreachable = Database(f"postgresql://postgres@/loraplex?host={tmp_path / 'no-server-here'}")

@@ -1,11 +1,12 @@
 """The asyncio form of the engine: concurrent streams, early exits that abort, a clean stop."""
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
-from engine import EngineConfig, RequestError, SamplingParams
+from engine import EngineConfig, GrammarConstraint, RequestError, SamplingParams
 from engine.async_engine import AsyncEngine
 from engine.errors import ConfigError, EngineDeadError
 from engine.page_pool import OwnerKind
@@ -100,6 +101,42 @@ def test_stop_ends_streams_in_flight_with_abort(tiny_llama: Path) -> None:
         return reason
 
     assert asyncio.run(main()) == "abort"
+
+
+def test_abort_all_ends_a_request_still_compiling_its_grammar(tiny_llama: Path) -> None:
+    engine_ = make_engine(tiny_llama)
+    compile_grammar = engine_.grammars.compile
+    started, release = threading.Event(), threading.Event()
+
+    def held(constraint: GrammarConstraint):
+        started.set()
+        assert release.wait(30)
+        return compile_grammar(constraint)
+
+    engine_.grammars.compile = held  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=20, n=2, constraint=GrammarConstraint.regex("[a-z]+"))
+
+    async def main() -> list[tuple[int, str | None, int]]:
+        engine = AsyncEngine(engine_)
+        engine.start()
+        try:
+
+            async def consume() -> list[tuple[int, str | None, int]]:
+                return [(o.index, o.finish_reason, len(o.token_ids)) async for o in engine.generate(PROMPTS[0], params)]
+
+            stream = asyncio.create_task(consume())
+            assert await asyncio.to_thread(started.wait, 30)
+            engine.abort_all()
+            release.set()
+            outputs = await asyncio.wait_for(stream, timeout=30)
+            stats = await engine.call(lambda e: e.stats())
+            assert stats.num_running == stats.num_waiting == 0 and stats.num_generated_tokens == 0
+            return outputs
+        finally:
+            release.set()
+            await engine.stop()
+
+    assert asyncio.run(main()) == [(0, "abort", 0), (1, "abort", 0)]
 
 
 @pytest.mark.default_model

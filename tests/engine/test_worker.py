@@ -189,6 +189,62 @@ def test_aborting_some_requests_ends_them_with_a_last_output_and_leaves_the_othe
         worker.stop()
 
 
+class HeldCompiles:
+    """The engine's grammar compiles, held until released: a request stays "compiling" as long as a test needs."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        compile_grammar = engine.grammars.compile
+
+        def held(constraint: GrammarConstraint):
+            self.started.set()
+            assert self.release.wait(WAIT_S)
+            return compile_grammar(constraint)
+
+        engine.grammars.compile = held  # type: ignore[method-assign]
+
+
+def _ends(seen: list[StepOutputs]) -> list[tuple[str, int, str | None, int]]:
+    return [
+        (delta.request_id, delta.index, delta.finish_reason, len(delta.new_token_ids))
+        for message in seen
+        for delta in message.outputs
+        if delta.finish_reason
+    ]
+
+
+@pytest.mark.parametrize("how", ["abort_requests", "abort_all", "stop"])
+def test_a_request_still_compiling_its_grammar_is_ended_answered_and_never_admitted(tiny_llama: Path, how: str) -> None:
+    engine = make_engine(tiny_llama)
+    compiles = HeldCompiles(engine)
+    seen: list[StepOutputs] = []
+    worker = EngineWorker(engine, seen.append)
+    worker.start()
+    try:
+        params = SamplingParams(max_tokens=20, n=2, constraint=GrammarConstraint.regex("[a-z]+"))
+        worker.submit(Submit("compiling", [5, 6, 7], params, None, None, 1.0))
+        assert compiles.started.wait(WAIT_S)
+        if how == "abort_requests":
+            worker.handle(AbortRequests(["compiling"]))
+        elif how == "abort_all":
+            worker.abort_all()
+        else:
+            worker.stop()
+        if how != "stop":
+            worker.stats().result(WAIT_S)  # runs after the abort: the inbox is in order
+        assert _ends(seen) == [("compiling", 0, "abort", 0), ("compiling", 1, "abort", 0)]
+        compiles.release.set()
+        if how != "stop":
+            time.sleep(0.2)  # the compile is done: a request still waiting for it would be admitted now
+            stats = worker.stats().result(WAIT_S)
+            assert stats.num_running == stats.num_waiting == 0 and stats.num_generated_tokens == 0
+            assert len(_ends(seen)) == 2 and sum(len(message.outputs) for message in seen) == 2
+    finally:
+        compiles.release.set()
+        worker.stop()
+
+
 def test_calls_answer_through_futures_and_refusals_through_the_step_message(tiny_llama: Path, tmp_path: Path) -> None:
     engine = make_engine(tiny_llama)
     messages: list[StepOutputs] = []

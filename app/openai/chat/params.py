@@ -68,7 +68,11 @@ def shown(body: Body) -> Shown:
 
 
 def sampling_params(
-    body: Body, prompt_lens: list[int], limits: Limits, constraint: GrammarConstraint | None = None
+    body: Body,
+    prompt_lens: list[int],
+    limits: Limits,
+    constraint: GrammarConstraint | None = None,
+    cache_salt: str | None = None,
 ) -> list[SamplingParams]:
     """The engine's sampling params for each prompt (they differ only in ``max_tokens`` when it defaults)."""
     _check_choices(body, limits.max_n)
@@ -103,6 +107,7 @@ def sampling_params(
         "logprobs": what.logprobs,
         "n": what.n,
         "constraint": constraint,
+        "cache_salt": cache_salt,
     }
     params = [_with_max_tokens(body, num_prompt, limits.max_model_len, fields) for num_prompt in prompt_lens]
     try:

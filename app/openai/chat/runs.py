@@ -5,17 +5,19 @@ request's ``n`` choices. :func:`metered_outputs` yields ``(choice index, output)
 index counted as OpenAI does (prompt-major, then ``n``). One engine request is read directly; several
 are merged as they arrive (app/openai/chat/fan_in.py).
 
-Its ``finally`` writes the usage record when the run finishes, fails, or its client goes away
-(``cancelled``, counting what was generated): every prompt's tokens once, every choice's completion
-tokens. It feeds the Prometheus counters and latency histograms, and settles the run's admission (its
-token reservation becomes the tokens used, its concurrency slots are freed). A request the engine failed
-on (its other requests went on) surfaces as an InternalError, OpenAI's 500, naming the request id; one
-the engine ended because the server is stopping, as a 503 that says to retry (billed as cancelled).
+Its ``finally`` writes the usage record when the run finishes, fails, or its client goes away (``cancelled``,
+counting what was generated): every prompt's tokens once, every choice's completion tokens; a reply completes
+only once its record is durable (app/usage/spool.py). It feeds the Prometheus counters and latency histograms,
+and settles the run's admission (its token reservation becomes the tokens used, its concurrency slots are
+freed). A request the engine failed on (its other requests went on) surfaces as an InternalError, OpenAI's
+500, naming the request id; one the engine ended because the server is stopping, as a 503 that says to retry
+(billed as cancelled).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -31,7 +33,7 @@ from app.observability.latency_histogram import HistogramSeries
 from app.observability.metrics import BASE_ADAPTER_LABEL, GatewayMetrics
 from app.openai.chat.fan_in import fan_in
 from app.usage.records import UsageRecord
-from app.usage.writer import UsageWriter
+from app.usage.writer import UsageWriter, wait_durable
 from app.web.errors import InternalError, ServiceUnavailableError
 from engine import RequestFailedError, RequestOutput, SamplingParams
 
@@ -125,9 +127,11 @@ async def metered_outputs(
         raise
     finally:
         try:
-            _record(run, meter, status, started_at, start, writer, metrics, labels)
+            durable = _record(run, meter, status, started_at, start, writer, metrics, labels)
         finally:
             run.admission.settle(run.num_prompt_tokens + meter.num_completion_tokens)  # the usage row's count
+        if status != "cancelled":  # the reply completes once its usage is on disk; a client gone waits for nothing
+            await wait_durable(durable)
 
 
 async def _choices(run: Run, engine: EngineClient) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -171,13 +175,13 @@ def _record(
     writer: UsageWriter,
     metrics: GatewayMetrics,
     labels: tuple[str, str],
-) -> None:
+) -> concurrent.futures.Future[None]:
     finish_reason = meter.finish_reason()
     if status == "ok" and finish_reason == ENDED_BY_SERVER:
         status = "cancelled"
     num_prompt, num_completion = run.num_prompt_tokens, meter.num_completion_tokens
     ttft_ms = None if meter.first_token_at is None else (meter.first_token_at - start) * 1000.0
-    writer.record(
+    durable = writer.record(
         UsageRecord(
             request_id=run.request_id,
             tenant_id=run.principal.tenant_id,
@@ -206,3 +210,4 @@ def _record(
         num_completion,
         "no token" if ttft_ms is None else f"ttft {ttft_ms:.0f} ms",
     )
+    return durable

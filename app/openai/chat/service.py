@@ -43,6 +43,9 @@ class OpenAIService:
     max_n: int = DEFAULT_MAX_N
     max_prompts: int = DEFAULT_MAX_PROMPTS
     base_style: ChatStyle = field(default_factory=lambda: base_chat_style(None, DEFAULT_TOOL_CALL_FORMAT))
+    share_base_prefix_cache: bool = False
+    """Base-model requests of every tenant share cached prefixes (LORAPLEX_SHARE_BASE_PREFIX_CACHE); else
+    each tenant's requests reuse only its own (docs/operating.md#security)."""
     styles: ChatStyles = field(init=False)
 
     def __post_init__(self) -> None:
@@ -128,11 +131,14 @@ class OpenAIService:
     ) -> Run:
         if not self.engine.is_ready():
             raise ServiceUnavailableError("The model is still loading; retry in a few seconds.")
+        self.writer.check_room()  # a request whose usage could not be kept is not served
         if model is None:
             model = await self.resolver.resolve(principal.tenant_id, body.model)
         limits = request_params.Limits(self.engine.max_model_len, self.engine.vocab_size, self.max_n)
         prompt_lens = [len(prompt.token_ids) for prompt in prompts]
-        params = request_params.sampling_params(body, prompt_lens, limits, constraint)
+        params = request_params.sampling_params(
+            body, prompt_lens, limits, constraint, self._cache_salt(principal, model)
+        )
         if constraint is not None:  # compiled off the loop before admission: a bad schema costs no quota
             try:
                 await self.engine.check_constraint(constraint)
@@ -145,6 +151,12 @@ class OpenAIService:
         triples = zip(ids, prompts, params, strict=True)
         submissions = tuple(Submission(engine_id, prompt.token_ids, p) for engine_id, prompt, p in triples)
         return Run(request_id, endpoint, principal, model, submissions, admission)
+
+    def _cache_salt(self, principal: Principal, model: ResolvedModel) -> str | None:
+        """The tenant's id, so that its cached prefixes are its own; None shares base-model prefixes when allowed."""
+        if self.share_base_prefix_cache and model.adapter_id is None:
+            return None
+        return str(principal.tenant_id)
 
 
 async def _first_output(outputs: Choices, model: str) -> tuple[int, RequestOutput]:

@@ -2,6 +2,8 @@
 
 Every read and delete is scoped to the caller's tenant, so another tenant's response is exactly as absent as
 one that never existed; a response past its ``expires_at`` is absent too, before the sweeper removes it.
+Deleting a tenant deletes its responses (app/admin/tenant_service.py); a save holds the tenant's row in share
+mode, so a response that finishes while its tenant is being deleted is not stored after the deletion.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from app.db.database import Database
-from app.db.tables import StoredResponse
+from app.db.tables import StoredResponse, Tenant
 
 logger = logging.getLogger(__name__)
+
+DELETED_TENANT = "deleted"  # tenants.status of a deleted tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,8 @@ class ResponseStore:
         response: dict[str, Any],
         input_items: list[dict[str, Any]],
         previous_response_id: str | None,
-    ) -> None:
+    ) -> bool:
+        """Store the response; False when its tenant is deleted (or gone), so nothing is stored."""
         row = StoredResponse(
             id=response["id"],
             tenant_id=tenant_id,
@@ -55,8 +60,13 @@ class ResponseStore:
             response=response,
             expires_at=datetime.now(UTC) + self.retention,
         )
+        tenant_status = select(Tenant.status).where(Tenant.id == tenant_id).with_for_update(read=True)
         async with self._database.sessions() as session, session.begin():
+            if await session.scalar(tenant_status) in (None, DELETED_TENANT):
+                logger.info("response %s not stored: its tenant %s is deleted", row.id, tenant_id)
+                return False
             session.add(row)
+        return True
 
     async def get(self, tenant_id: uuid.UUID, response_id: str) -> Conversation | None:
         """The tenant's live response of that id; None for an unknown, foreign or expired one."""
