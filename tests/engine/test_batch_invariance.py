@@ -24,7 +24,7 @@ from tests.engine.test_speculative import NoisyOracle, generate
 
 NUM_REQUESTS = 64
 NUM_PROBES = 8
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 K = 5  # proposed tokens a speculating sequence verifies a step
 CHUNK_TOKENS = 96  # max_num_batched_tokens: 64 decode rows and prefill chunks of the rest share each step
 SMALL_POOL_PAGES = 40  # far fewer pages than 64 sequences hold: the last admitted are preempted
@@ -66,7 +66,7 @@ def workload() -> tuple[list[list[int]], list[SamplingParams], list[str | None]]
     rng = random.Random(0)
     prompts, params, names = [], [], []
     for i in range(NUM_REQUESTS):
-        length = rng.randrange(20, 70) if i < NUM_REQUESTS - NUM_PROBES else rng.randrange(8, 40)
+        length = rng.randrange(16, 48) if i < NUM_REQUESTS - NUM_PROBES else rng.randrange(8, 40)
         motif = [rng.randrange(3, 300) for _ in range(rng.randrange(3, 9))]  # repeated: n-gram proposals match
         prompts.append([motif[j % len(motif)] if rng.random() < 0.7 else rng.randrange(3, 300) for j in range(length)])
         seeded = i % 2 == 1
