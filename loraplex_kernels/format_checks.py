@@ -19,8 +19,7 @@ from loraplex_kernels.silu_mul import silu_mul_torch
 WEIGHT_FORMAT_TOLERANCES = {"bfloat16": 1e-2, "int8": 3e-2}
 # Attention over bf16 K/V pages and the K/V write into them, against both on float32 pages: the K/V's
 # rounding to bf16 (a written value is off by at most 2^-9 of itself) on unit-scale inputs (measured on the
-# Xeon: 2.5e-3 for the write, 2.7e-3 for attention, 3.5e-3 where its prefill chunk runs on AMX tiles with q
-# and the softmax weights rounded to bf16 too; an attention 1 % off measures 7.3e-3).
+# Xeon: 2.5e-3 for the write, 2.7e-3 for attention; an attention 1 % off measures 7.3e-3).
 KV_FORMAT_TOLERANCES = {"bfloat16": 5e-3}
 # The fused SGMV over bf16 adapter rows in the pool, against the same over the unrounded float32 rows: the
 # rows' rounding (each element off by at most 2^-9 of itself) on unit-scale x, v and y (measured on the Xeon:

@@ -265,7 +265,8 @@ def paged_attention(
     """Causal attention of each query row over its sequence's paged K/V, one call for the whole step.
 
     ``backend`` picks the implementation: TRITON the Triton kernel (compiled on CUDA, interpreted on CPU),
-    NATIVE the C++ CPU op (one pass over the pages in place, every sequence's rows at once), TORCH the
+    NATIVE the C++ CPU op (one pass over the pages in place, every sequence's rows at once, each row
+    computed as a decode row of its position: the same bits whatever else the call holds), TORCH the
     torch implementation (decode buckets and a call per prefill chunk; on any device).
 
     Args:
@@ -273,9 +274,7 @@ def paged_attention(
             rows packed sequence after sequence as ``meta.query_start_loc`` says. May be strided along
             tokens and heads (the q columns of the fused qkv output); head_dim must be contiguous.
         kv_cache: [num_pages, 2, block_size, num_kv_heads, head_dim], same dtype as ``q`` (the native op:
-            float32 or bfloat16, widened to float32 as it is read; on a CPU with AMX-BF16, bfloat16 pages
-            with head_dim a multiple of 32 run prefill chunks on AMX tiles, q and the softmax weights
-            rounded to bfloat16 for the products, the scores, softmax and sums in fp32); one layer's
+            float32 or bfloat16, widened to float32 as it is read); one layer's
             view of the page pool (pages strided, each page contiguous); index 0 of dim 1 is K, 1 is V.
             num_heads must be a multiple of num_kv_heads (group = num_heads // num_kv_heads).
         meta: the step's ``PagedAttentionMetadata``; its int32 tensors on ``q``'s device.

@@ -1,7 +1,6 @@
-// What the kernels on AMX tiles share (linear_amx.cpp's GEMM, attention_amx.h's prefill attention): whether
-// this build compiles them (LORAPLEX_AMX: a -march with AMX-BF16, and AVX512-BF16 as every such CPU has),
-// and the tile configuration they load.
-// Every register they use is 16 rows of 64 bytes: 16 rows x 16 bf16 pairs, or 16 rows x 16 fp32 sums.
+// What linear_amx.cpp's GEMM on AMX tiles needs besides its own code: whether this build compiles it
+// (LORAPLEX_AMX: a -march with AMX-BF16, and AVX512-BF16 as every such CPU has), and the tile
+// configuration it loads. Every register it uses is 16 rows of 64 bytes: 16 rows x 16 bf16 pairs, or 16 rows x 16 fp32 sums.
 #pragma once
 
 #include <cstdint>

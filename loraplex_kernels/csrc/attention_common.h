@@ -1,6 +1,6 @@
-// What the paged attention's two inner paths share (loraplex_kernels/csrc/paged_attention.cpp includes them):
-// the problem, the work items, per-thread scratch, and how a block of keys is found and prefetched. The
-// pool's K/V are fp32 or bf16 (KV, a template argument of the paths); a block's rows are widened to fp32
+// What the paged attention's items and its row path share (loraplex_kernels/csrc/paged_attention.cpp includes
+// them): the problem, the work items, per-thread scratch, and how a block of keys is found and prefetched.
+// The pool's K/V are fp32 or bf16 (KV, a template argument of the path); a block's rows are widened to fp32
 // as they are loaded, so scores, softmax and accumulation are fp32 either way.
 #pragma once
 
@@ -46,15 +46,12 @@ struct Problem {
   float* out;  // [num_tokens, num_heads, head_dim], contiguous
 };
 
-// Per-thread scratch, sized for the largest item and the widest block of keys.
+// Per-thread scratch, sized for the largest item.
 struct Scratch {
   float* queries;  // [vectors, head_dim]: the item's query vectors, pre-scaled
   float* acc;  // [vectors, head_dim]: running sums of p * V
   float* row_max;  // [vectors]: running max of the scores (log2 units)
   float* row_sum;  // [vectors]: running sum of exp2(score - max)
-  float* keys;  // [head_dim, block keys]: the tiled path's K rows of one kv head, transposed
-  float* values;  // [block keys, head_dim]: the tiled path's V rows of that head, contiguous
-  float* scores;  // [vectors, block keys]: one block's scores, then its softmax weights
 };
 
 // One kv head's share of a block of keys: its query vectors [m_begin, m_end) that see some key of the

@@ -1,4 +1,4 @@
-// The paged attention's path for few query vectors per kv head (decode rows, short chunks): eight keys
+// The paged attention's one path, for every query row (decode rows, verification rows, prefill chunks): eight keys
 // at a time, read in place from the pool (bf16 rows widened as they are loaded) and shared by a chunk of
 // the row's query vectors (its grouped heads): each vector scores the eight keys in one vector (eight FMA
 // chains finished by one transpose-and-add) and accumulates p x V, each K and V load feeding every vector

@@ -1,24 +1,28 @@
 // Paged attention on CPU, reading K/V in place from the page pool: one call per layer serves the step's
 // decode rows and prefill chunks together (semantics: loraplex_kernels/paged_attention.py::paged_attention).
 //
+// Every query row is computed as a decode row of its position: one arithmetic, the row path
+// (attention_rows.h: eight keys a block, read in place from the pool, bf16 rows widened to fp32 as they are
+// loaded), whether the row is decoded alone, verifies a speculated token among k + 1 rows of its sequence,
+// sits in a prefill chunk of any length or is recomputed after a preemption. Each query vector's scores,
+// online softmax (running max and sum, fp32, in log2 units so exp is exp2; causality a count of live keys
+// per row, no mask) and sums run over the same blocks of keys in the same order whatever else the item
+// holds, so a row's output is the same bits in any batch: the engine's tokens do not depend on what runs
+// beside a request (docs/speculative-decoding.md). A path for many vectors a kv head (K transposed into
+// scratch, sixteen keys a block, or AMX tiles on bf16 q and weights) can be faster on long prefill chunks,
+// but it sums in another order, so a chunk's rows would differ from the decode rows they stand for.
+//
 // Work is split into items. A sequence whose query vectors (rows x heads) fit one tile, as a decode row
-// does, is one item over all its kv heads, so each page is read front to back once; a longer prefill
-// chunk becomes items of (kv head, tile of rows), each tile of up to kTileQueries query vectors sharing
-// every K/V load. An item copies its query vectors (pre-scaled) into scratch and walks its keys a block
-// at a time, prefetching the next block's rows: few vectors per kv head take the row path (eight keys,
-// attention_rows.h), many take the tiled path (sixteen keys as two register-tiled products,
-// attention_tile.h). Softmax is online (running max and sum per query vector, fp32, in log2 units so
-// exp is exp2); causality is a count of live keys per row, so no mask is built. Items are sorted by cost
-// (query vectors x visible keys) and taken from a shared counter by the OpenMP threads, largest first,
-// so a long chunk does not leave a thread idle. The pool's K/V may be fp32 or bf16: bf16 rows are widened
-// to fp32 as they are loaded (a shift of each 16-bit lane; the tiled path into scratch, the row path in
-// registers), so the keys stream half the bytes and every product, the softmax and the accumulators stay
-// fp32. Scoring the bf16 keys in place with
+// and a verification chunk do, is one item over all its kv heads, so each page is read front to back once;
+// a longer prefill chunk becomes items of (kv head, tile of rows), kTileQueries query vectors each, so a
+// block of keys is read from L1 by all of them. An item copies its query vectors (pre-scaled) into scratch
+// and walks its keys a block at a time, prefetching the next block's rows. Items are sorted by cost (query
+// vectors x visible keys) and taken from a shared counter by the OpenMP threads, largest first, so a long
+// chunk does not leave a thread idle. The pool's K/V may be fp32 or bf16: bf16 keys stream half the bytes
+// and every product, the softmax and the accumulators stay fp32. Scoring the bf16 keys in place with
 // AVX512-BF16's vdpbf16ps instead (q rounded to bf16 once per item) measured the same (docs/benchmarks.md):
 // a decode step is bound by memory, so the widening, exact on the bf16 values, with one path for AVX-512
-// and AVX2, is kept. On bf16 pages on a CPU with AMX-BF16 the tiled path's
-// items run on the tile unit instead (attention_amx.h: 32 keys a block, q and the softmax weights rounded
-// to bf16 for the products), where prefill attention is bound by arithmetic (docs/native-cpu-kernels.md).
+// and AVX2, is kept.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,14 +30,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
-#include <type_traits>
 #include <vector>
 
-#include "attention_amx.h"
 #include "attention_common.h"
 #include "attention_rows.h"
-#include "attention_tile.h"
 #include "ops.h"
 
 namespace loraplex {
@@ -44,24 +44,19 @@ using attention::kNegInf;
 using attention::Problem;
 using attention::RowPath;
 using attention::Scratch;
-using attention::TilePath;
 using attention::WorkItem;
 
-// Query vectors (rows x grouped heads) per item: each K/V block serves all of them, and their queries
-// and accumulators (2 x 128 x 64 fp32 = 64 KiB at head_dim 64) stay in L2. More vectors an item share each
-// load among more of them, fewer leave more items to share among the threads; 128 is where the gain of
-// more had nearly stopped (docs/benchmarks.md#native-kernel-constants-and-choices).
+// Query vectors (rows x grouped heads) per item: each K/V block serves all of them from L1, and their
+// queries and accumulators (2 x 128 x 64 fp32 = 64 KiB at head_dim 64) stay in L2; 128 keeps enough items
+// to share among more threads (docs/benchmarks.md#native-kernel-constants-and-choices).
 constexpr int kTileQueries = 128;
-// A kv head with at least this many query vectors in an item takes the tiled path: below it, the
-// transposed copy of each K block is not repaid (a decode row has `group` vectors per kv head).
-constexpr int kMinTileVectors = 12;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // One item: its kv heads' query vectors of its tile of rows against every key they see, a block of
-// Path::kKeys keys at a time.
-template <int kHeadDim, typename Path, typename KV>
+// RowPath::kKeys keys at a time.
+template <int kHeadDim, typename KV>
 void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
-  constexpr int kKeys = Path::kKeys;
+  constexpr int kKeys = RowPath::kKeys;
   const int group = pb.group;
   const int head_dim = kHeadDim ? kHeadDim : pb.head_dim;
   const int q_begin = pb.query_start_loc[item.seq];
@@ -96,7 +91,7 @@ void attend(const Problem& pb, const WorkItem& item, const Scratch& scratch) {
                           h * vectors_per_head,
                           first_pos,
                           group};
-      Path::template run<kHeadDim>(pb, scratch, k_rows, blk);
+      RowPath::run<kHeadDim>(pb, scratch, k_rows, blk);
     }
   };
   attention::walk_key_blocks<kKeys, KV>(pb, item, last_pos, block);
@@ -155,55 +150,24 @@ std::vector<WorkItem> plan_items(const Problem& pb, int64_t num_seqs, int64_t ma
   return items;
 }
 
-// Whether the tiled path's items run on AMX tiles (attention_amx.h): bf16 pages, a CPU whose tiles this
-// build uses, head_dim a multiple of 32.
-template <typename KV>
-bool amx_tiles(const Problem& pb) {
-#if LORAPLEX_AMX
-  return std::is_same_v<KV, c10::BFloat16> && pb.head_dim % attention::AmxTilePath::kChunk == 0 &&
-         linear_amx_available();
-#else
-  return false;
-#endif
-}
-
 template <int kHeadDim, typename KV>
 void run_items(const Problem& pb, const std::vector<WorkItem>& items) {
   // An item holds at most kTileQueries vectors, or one row's heads when a row alone has more.
   const int max_vectors = std::max({pb.num_heads, pb.group, kTileQueries});
   const int64_t num_threads = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
-  const bool amx = amx_tiles<KV>(pb);
   std::atomic<size_t> next{0};
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
-#if LORAPLEX_AMX
-    std::optional<attention::AmxThread> amx_thread;  // made at this thread's first item on the tiles
-#endif
     const size_t vector_floats = static_cast<size_t>(max_vectors) * pb.head_dim;
-    const size_t block_floats = static_cast<size_t>(TilePath::kKeys) * pb.head_dim;  // the wider block
-    const size_t score_floats = static_cast<size_t>(max_vectors) * TilePath::kKeys;
-    std::vector<float> buffer(2 * vector_floats + 2 * max_vectors + 2 * block_floats + score_floats);
+    std::vector<float> buffer(2 * vector_floats + 2 * max_vectors);
     Scratch scratch{};
     scratch.queries = buffer.data();
     scratch.acc = scratch.queries + vector_floats;
     scratch.row_max = scratch.acc + vector_floats;
     scratch.row_sum = scratch.row_max + max_vectors;
-    scratch.keys = scratch.row_sum + max_vectors;
-    scratch.values = scratch.keys + block_floats;
-    scratch.scores = scratch.values + block_floats;
     for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      const WorkItem& item = items[i];
-      if ((item.row_end - item.row_begin) * pb.group < kMinTileVectors) {
-        attend<kHeadDim, RowPath, KV>(pb, item, scratch);
-#if LORAPLEX_AMX
-      } else if (amx) {
-        if (!amx_thread) amx_thread.emplace(max_vectors, pb.num_kv_heads, pb.head_dim);
-        attention::attend_amx(pb, item, amx_thread->scratch());
-#endif
-      } else {
-        attend<kHeadDim, TilePath, KV>(pb, item, scratch);
-      }
+      attend<kHeadDim, KV>(pb, items[i], scratch);
     }
   }
 }

@@ -14,7 +14,7 @@ A step is one attention call per layer over all 30 layers (each layer reads its 
 as the model does). The torch path gets the decode buckets planned once per step, as the engine builds
 them. Both paths run in alternating rounds on the same inputs, and the native op a third time on bf16
 pages of the same values rounded (``native_bf16_ms``, ``bf16_speedup`` = native ÷ native_bf16: the bf16
-mode's pool, whose prefill chunks run on AMX tiles where the CPU has them); medians of the rounds are
+mode's pool); medians of the rounds are
 reported. The host is shared, so single rounds are noisy.
 
 ``--kv`` compares the native op on float32 K/V pages with the same op on bfloat16 pages (bf16 mode's

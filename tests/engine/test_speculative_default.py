@@ -1,4 +1,5 @@
-"""On the real default model: greedy outputs are the same token for token with speculation on and off."""
+"""On the real default model: greedy outputs are the same token for token with speculation on and off (in bf16,
+every logprob the same bits)."""
 
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, SamplingParams
 from engine.grammar import GrammarConstraint
+from loraplex_kernels.linear_dot import amx_available, dot_available
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 from tests.engine.test_speculative import generate
@@ -86,3 +88,23 @@ def test_forced_preemption_keeps_the_output(folder, prompts) -> None:
     assert [out.token_ids for out in spec] == [out.token_ids for out in plain]
     assert engine.stats().num_preemptions > 0
     assert sum(engine.stats().num_accepted_tokens.values()) > 0
+
+
+@pytest.mark.parametrize("gemm", ["widen", "dot"])
+def test_bf16_tokens_and_logprobs_are_the_same_bits_with_speculation(folder, prompts, gemm: str) -> None:
+    """bf16 weights and pages (the default precision on a CPU with AVX512-BF16 or AMX), each GEMM this CPU
+    runs: verification rows are computed as the decode rows they stand for, so every logprob is the same."""
+    if gemm == "dot" and not (dot_available() or amx_available()):
+        pytest.skip("no AVX512-BF16 or AMX here")
+    params = [SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, logprobs=1)] * 2 * len(prompts)
+    config = dict(dtype="bfloat16", bf16_gemm=gemm, pool_bytes=128 * 1024**2)
+    batch = prompts * 2
+    plain = generate(make_engine(folder, **config), batch, params)
+    engine = make_engine(folder, num_speculative_tokens=5, **config)
+    spec = generate(engine, batch, params)
+    assert sum(engine.stats().num_accepted_tokens.values()) > 0
+
+    def bits(out) -> tuple:
+        return tuple(out.token_ids), tuple((lp.token_id, lp.logprob, tuple(lp.top)) for lp in out.logprobs)
+
+    assert [bits(out) for out in spec] == [bits(out) for out in plain]

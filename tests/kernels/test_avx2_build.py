@@ -24,6 +24,7 @@ NATIVE_TESTS = [
     "tests/kernels/test_linear_vnni_native.py",
     "tests/kernels/test_linear_silu_mul_native.py",
     "tests/kernels/test_argmax_rows_native.py",
+    "tests/kernels/test_row_invariance_native.py",
 ]
 
 

@@ -1,12 +1,10 @@
 """bf16 K/V in the page pool on the native CPU kernels: the K/V write rounds fp32 rows to bf16 (nearest even,
-bit for bit as torch does), and paged attention reads bf16 pages (decode rows, prefill chunks on the tiled
-path, head dims 64 and 48) with fp32 scores, softmax and accumulation.
+bit for bit as torch does), and paged attention reads bf16 pages (decode rows, prefill chunks, head dims 64
+and 48) with fp32 scores, softmax and accumulation.
 
 Tolerances: on the bf16 values themselves the kernel is as exact as on fp32 pages (widening is exact), so
 it meets the fp32 kernel's 2e-5 against float64; against attention over the unrounded fp32 K/V it differs
-by the K/V's rounding alone, within 2e-2 on unit-scale inputs (bf16 keeps 8 bits of mantissa). Where the
-tiled path runs on AMX tiles (tests/kernels/test_attention_amx.py), its q and softmax weights are rounded
-to bf16 too: prefill chunks there are held to that file's tolerance instead.
+by the K/V's rounding alone, within 2e-2 on unit-scale inputs (bf16 keeps 8 bits of mantissa).
 
 Run under LORAPLEX_NATIVE_MARCH=haswell too, to test the AVX2 widening.
 """
@@ -16,10 +14,8 @@ import torch
 
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.kv_write import kv_row_index
-from loraplex_kernels.linear_dot import amx_available
 from loraplex_kernels.paged_attention import paged_attention
 from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
-from tests.kernels.test_attention_amx import AMX_TOL
 from tests.kernels.test_paged_attention import BATCHES, Batch, make_batch, reference
 from tests.kernels.test_paged_attention_native import LONG, TOL
 from tests.kernels.threads import torch_threads
@@ -38,11 +34,6 @@ def run(batch: Batch) -> torch.Tensor:
     return paged_attention(batch.q, batch.kv_cache, batch.meta, batch.scale, KernelBackend.NATIVE)
 
 
-def exact_tol(kind: str, head_dim: int) -> float:
-    """The tolerance on the bf16 values themselves: TOL, or AMX_TOL where prefill chunks run on AMX tiles."""
-    return AMX_TOL if kind != "decode" and head_dim % 32 == 0 and amx_available() else TOL
-
-
 @pytest.mark.parametrize("head_dim", [64, 48])
 @pytest.mark.parametrize(("num_kv_heads", "group"), [(2, 1), (3, 3), (1, 5)])
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -54,7 +45,7 @@ def test_attention_on_bf16_pages(native, kind: str, num_kv_heads: int, group: in
 
     assert out.dtype == torch.float32 and out.shape == batch.q.shape
     widened = with_kv(batch, bf16_batch.kv_cache.float())  # the bf16 values exactly, in fp32
-    tol = exact_tol(kind, head_dim)
+    tol = TOL
     torch.testing.assert_close(out.double(), reference(widened), atol=tol, rtol=tol, msg=lambda m: f"{m} {seed=}")
     torch.testing.assert_close(out, run(widened), atol=tol, rtol=tol, msg=lambda m: f"{m} {seed=}")
     fp32 = reference(batch)  # over the unrounded K/V
@@ -73,7 +64,7 @@ def test_attention_reads_a_layer_view_of_a_bf16_pool(native, seed: int):
     with torch_threads(2):
         shared = run(batch)
     expected = reference(with_kv(batch, batch.kv_cache.float()))
-    tol = exact_tol("long", 64)
+    tol = TOL
     torch.testing.assert_close(alone.double(), expected, atol=tol, rtol=tol, msg=lambda m: f"{m} {seed=}")
     assert torch.equal(alone, shared)
 

@@ -23,8 +23,8 @@ from tests.kernels.test_paged_attention import (
 from tests.kernels.threads import torch_threads
 
 # Chunks longer than a tile (128 query vectors: 128 rows at group 1, 42 at group 3), some starting
-# mid-context, beside decode rows and a one-row chunk; 700 keys cross 44 pages. Short chunks of few
-# vectors per kv head take the row path, longer ones the tiled path.
+# mid-context, beside decode rows and a one-row chunk; 700 keys cross 44 pages. Short chunks are one item
+# over all kv heads, longer ones items of (kv head, tile of rows).
 LONG = [(1, 300), (1, 17), (150, 400), (70, 70), (1, 1), (33, 700)]
 BATCHES_NATIVE = {**BATCHES, "long": LONG}
 # The row path scores a row's grouped heads in chunks of three vectors (AVX-512), then two, then one:
@@ -68,7 +68,7 @@ def test_native_matches_float64_reference_and_torch(
 
 @pytest.mark.parametrize("head_dim", [40, 128])
 def test_native_other_head_dims(native, head_dim: int, seed: int):
-    """40: the tiled path's last eight dims on their own; 128: the other unrolled size."""
+    """40: a last eight dims on their own after the sixteen-lane loads; 128: the other unrolled size."""
     batch = make_batch(LONG, 2, 4, head_dim, torch.float32, seed)
     assert_close(run_native(native, batch).double(), reference(batch), tol=TOL, seed=seed)
 
