@@ -11,12 +11,12 @@ must be one of the registry's. Each failure is a 400 naming the part and saying 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from app.admin.upload import FORMAT_FIELD, TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, AdapterUpload
 from app.tool_calls.formats import ToolCallFormatError, get_format
 from app.tool_calls.templates import SAMPLE_MESSAGES, ChatTemplateError, check_template
+from app.web.bounded_json import parse_json
 from app.web.errors import BadRequestError
 
 PLAIN_SAMPLE = SAMPLE_MESSAGES[:2]  # a system message and a user's question: a chat request without tools
@@ -61,8 +61,8 @@ def _template_source(chat_files: dict[str, bytes]) -> tuple[str, str] | None:
         return None
     part = TOKENIZER_CONFIG_FILE
     try:
-        config = json.loads(_text(chat_files, part))
-    except (ValueError, RecursionError) as error:
+        config = parse_json(_text(chat_files, part), f"`{part}`", param=part)
+    except ValueError as error:
         raise BadRequestError(f"`{part}` is not valid JSON ({error}).", param=part) from None
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):
