@@ -24,8 +24,9 @@ from app.web.errors import BadRequestError
 
 BODY = "The request body"
 
-# msgspec's messages: "Object contains unknown field `x` - at `$.messages[0]`", "Expected `int`, got `str` - at `$.n`"
-_WHERE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+# msgspec's messages: "Object contains unknown field `x` - at `$.messages[0]`", "Expected `int`, got `str` - at `$.n`",
+# "Expected `str` of length <= 64 - at `key` in `$.metadata`" (a key of an object)
+_WHERE = re.compile(r" - at (?P<key>`key` in )?`\$\.?(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"`(?P<field>[^`]*)`")
 
 
@@ -91,4 +92,6 @@ def body_error(text: str) -> BadRequestError:
         return BadRequestError(f"Missing required parameter: `{name}`.", param=name)
     if not path:
         return BadRequestError(f"The request body must be a JSON object of the documented fields: {problem}.")
+    if where and where.group("key"):
+        return BadRequestError(f"Invalid key in `{path}`: {problem}.", param=path)
     return BadRequestError(f"Invalid value for `{path}`: {problem}.", param=path)
