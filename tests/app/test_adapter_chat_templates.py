@@ -113,6 +113,20 @@ NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfo
 # (case id, the form's extra fields, its extra parts, the part the 400 names, words the message must hold)
 BAD_CHAT_PARTS = [
     ("unknown-format", {"tool_call_format": "xml"}, [], "tool_call_format", "hermes, llama3_json, mistral, pythonic"),
+    (
+        "format-without-template",  # the server's template writes hermes calls: the model would never call in `[`
+        {"tool_call_format": "pythonic"},
+        [],
+        "tool_call_format",
+        "does not write calls in the pythonic tool-call format",
+    ),
+    (
+        "format-its-template-does-not-teach",
+        {"tool_call_format": "pythonic"},
+        [(TEMPLATE, ChatTemplate.shipped().source.encode())],
+        TEMPLATE,
+        "does not write calls in the pythonic tool-call format",
+    ),
     ("syntax-error", {}, [(TEMPLATE, b"{% for m in messages %}{{ m.content }}")], TEMPLATE, "not valid Jinja"),
     (
         "drops-the-tools",

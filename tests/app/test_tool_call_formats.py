@@ -11,7 +11,9 @@ import xgrammar
 
 from app.tool_calls import FORMATS, CallArguments, CallStarted, StreamingParser, TextPart, ToolSpec, parse_reply
 from app.tool_calls.pythonic_grammar import arguments_grammar
+from app.tool_calls.style import base_chat_style
 from app.tool_calls.templates import ChatTemplate, ChatTemplateError, check_template
+from tests.app.test_tool_calls_auto import PYTHONIC_TEMPLATE
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -226,3 +228,17 @@ def test_the_review_s_pythonic_calls_are_read_or_refused_alike() -> None:
         reply = parse_reply(FORMATS["pythonic"], f"[f({text})]")
         read = json.loads(reply.calls[0].arguments) if reply.calls else None
         assert (accepted, read) == (expected is not None, expected), text
+
+
+def test_a_format_needs_a_template_that_writes_calls_in_it(tmp_path) -> None:
+    # The shipped template teaches hermes' <tool_call>: any other format without a template of its own is refused
+    # when the server starts, saying which; a template that writes the sample call in the format is taken.
+    assert base_chat_style(None, "hermes").tool_format.name == "hermes"
+    for name in sorted(set(FORMATS) - {"hermes"}):
+        with pytest.raises(ChatTemplateError, match=f"does not write calls in the {name} tool-call format"):
+            base_chat_style(None, name)
+    pythonic = tmp_path / "pythonic.jinja"
+    pythonic.write_text(PYTHONIC_TEMPLATE)
+    assert base_chat_style(pythonic, "pythonic").tool_format.name == "pythonic"
+    with pytest.raises(ChatTemplateError, match="hermes tool-call format"):
+        base_chat_style(pythonic, "hermes")
