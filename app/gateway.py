@@ -223,7 +223,7 @@ def _base_style(settings: Settings) -> ChatStyle:
     try:
         return base_chat_style(settings.chat_template, settings.tool_call_format)
     except ChatTemplateError as error:
-        raise SettingsError(f"LORAPLEX_CHAT_TEMPLATE: {error}") from None
+        raise SettingsError(f"LORAPLEX_CHAT_TEMPLATE, LORAPLEX_TOOL_CALL_FORMAT: {error}") from None
 
 
 def gateway_lifespan(

@@ -11,6 +11,7 @@ import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
 from app.settings_defaults import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, DEFAULT_TOOL_CALL_FORMAT, TOOL_CALL_FORMATS
+from engine.lora_adapter import MAX_RANK, MIN_RANK
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -63,7 +64,7 @@ INT_RANGES: dict[str, Range] = {
     "LORAPLEX_MAX_NUM_SEQS": Range(
         1, MAX_NUM_SEQS_LIMIT, f"the engine decodes at most {MAX_NUM_SEQS_LIMIT} tokens a step, one per sequence"
     ),
-    "LORAPLEX_MAX_ADAPTER_RANK": Range(),
+    "LORAPLEX_MAX_ADAPTER_RANK": Range(MIN_RANK, MAX_RANK, f"the engine serves LoRA ranks {MIN_RANK} to {MAX_RANK}"),
     "LORAPLEX_MAX_ADAPTER_MB": Range(
         1, MAX_ADAPTER_MB_LIMIT, "adapter files are stored as PostgreSQL bytea values, which hold 1 GB at most"
     ),
@@ -153,7 +154,7 @@ class Settings:
     admin_key: str | None = None
     """An admin key to create on first start if no admin key exists yet (LORAPLEX_ADMIN_KEY)."""
 
-    max_adapter_rank: int = 256
+    max_adapter_rank: int = MAX_RANK
     """Highest LoRA rank an uploaded adapter may have (LORAPLEX_MAX_ADAPTER_RANK)."""
 
     max_adapter_bytes: int = 512 * 1024**2
@@ -245,7 +246,7 @@ class Settings:
             num_speculative_tokens=_int(env, "LORAPLEX_NUM_SPECULATIVE_TOKENS", DEFAULT_SPECULATIVE_TOKENS),
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
-            max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK", 256),
+            max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK", MAX_RANK),
             max_adapter_bytes=_int(env, "LORAPLEX_MAX_ADAPTER_MB", 512) * 1024**2,
             max_request_bytes=_int(env, "LORAPLEX_MAX_REQUEST_KB", DEFAULT_MAX_REQUEST_KB) * 1024,
             shutdown_grace_s=_int(env, "LORAPLEX_SHUTDOWN_GRACE_S", 30),

@@ -11,12 +11,13 @@ must be one of the registry's. Each failure is a 400 naming the part and saying 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from app.admin.upload import FORMAT_FIELD, TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, AdapterUpload
 from app.tool_calls.formats import ToolCallFormatError, get_format
-from app.tool_calls.templates import SAMPLE_MESSAGES, ChatTemplateError, check_template
+from app.tool_calls.style import check_teaches
+from app.tool_calls.templates import SAMPLE_MESSAGES, ChatTemplate, ChatTemplateError, check_template
+from app.web.bounded_json import parse_json
 from app.web.errors import BadRequestError
 
 PLAIN_SAMPLE = SAMPLE_MESSAGES[:2]  # a system message and a user's question: a chat request without tools
@@ -34,8 +35,12 @@ class AdapterChat:
         return None if self.chat_template is None else hashlib.sha256(self.chat_template.encode()).hexdigest()
 
 
-def adapter_chat(upload: AdapterUpload) -> AdapterChat:
-    """The upload's format and template, checked; BadRequestError (naming the part) when one is unusable."""
+def adapter_chat(upload: AdapterUpload, server_tool_template: ChatTemplate) -> AdapterChat:
+    """The upload's format and template, checked; BadRequestError (naming the part) when one is unusable.
+
+    A format the adapter names must be the one its template (or, without one, ``server_tool_template``) writes
+    its sample call in: the model calls as its prompt shows.
+    """
     tool_call_format = upload.tool_call_format
     if tool_call_format is not None:
         try:
@@ -44,13 +49,29 @@ def adapter_chat(upload: AdapterUpload) -> AdapterChat:
             raise BadRequestError(f"`{FORMAT_FIELD}`: {error}.", param=FORMAT_FIELD) from None
     found = _template_source(upload.chat_files)
     if found is None:
+        if tool_call_format is not None:
+            _check_teaches(server_tool_template, tool_call_format, "the server's chat template", FORMAT_FIELD)
         return AdapterChat(tool_call_format)
     part, source = found
     try:
-        check_template(source).render(PLAIN_SAMPLE, None)
+        template = check_template(source)
+        template.render(PLAIN_SAMPLE, None)
     except ChatTemplateError as error:
         raise BadRequestError(f"`{part}`: {error}; fix the template and upload again.", param=part) from None
+    if tool_call_format is not None:
+        _check_teaches(template, tool_call_format, f"`{part}`", part)
     return AdapterChat(tool_call_format, source)
+
+
+def _check_teaches(template: ChatTemplate, tool_call_format: str, which: str, param: str) -> None:
+    try:
+        check_teaches(template, get_format(tool_call_format), which)
+    except ChatTemplateError as error:
+        raise BadRequestError(
+            f"`{FORMAT_FIELD}` {tool_call_format}: {error}; upload the adapter with such a `{TEMPLATE_FILE}`, or "
+            "without a format.",
+            param=param,
+        ) from None
 
 
 def _template_source(chat_files: dict[str, bytes]) -> tuple[str, str] | None:
@@ -61,8 +82,8 @@ def _template_source(chat_files: dict[str, bytes]) -> tuple[str, str] | None:
         return None
     part = TOKENIZER_CONFIG_FILE
     try:
-        config = json.loads(_text(chat_files, part))
-    except (ValueError, RecursionError) as error:
+        config = parse_json(_text(chat_files, part), f"`{part}`", param=part)
+    except ValueError as error:
         raise BadRequestError(f"`{part}` is not valid JSON ({error}).", param=part) from None
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):

@@ -35,6 +35,8 @@ from app.db.tables import Adapter
 from app.engine_clients.interface import AdapterInfo, EngineClient
 from app.keys.authenticator import Principal
 from app.settings import Settings
+from app.tool_calls.style import base_chat_style
+from app.tool_calls.templates import ChatTemplate
 from app.web.errors import ApiError, BadRequestError, ConflictError, NotFoundError
 from engine.errors import (
     AdapterError,
@@ -76,6 +78,15 @@ class AdapterUploads:
         self.settings = settings
         self._store_lock = store_lock  # moving into the store and recording, against removing stored folders
         self._validations = asyncio.Semaphore(MAX_CONCURRENT_VALIDATIONS)
+        self._server_tool_template: ChatTemplate | None = None
+
+    @property
+    def server_tool_template(self) -> ChatTemplate:
+        """The template the server renders requests with tools by (an adapter without its own inherits it)."""
+        if self._server_tool_template is None:
+            style = base_chat_style(self.settings.chat_template, self.settings.tool_call_format)
+            self._server_tool_template = style.tool_template
+        return self._server_tool_template
 
     def check_name(self, name: str) -> None:
         """400 unless ``name`` can be a `model` name: safe as a word, never a path, not the base model's."""
@@ -106,7 +117,8 @@ class AdapterUploads:
         limit = self.settings.max_adapter_bytes
         async with staged_upload(body, content_type, content_length, uploads, limit, self.check_name) as upload:
             info = await self._validate(upload.folder)
-            chat = await asyncio.to_thread(adapter_chat, upload)  # compiling and rendering a template takes ms
+            server_template = self.server_tool_template
+            chat = await asyncio.to_thread(adapter_chat, upload, server_template)  # compiling a template takes ms
             return await self._store_and_record(actor, tenant_id, upload, info, chat)
 
     async def _validate(self, folder: Path) -> AdapterInfo:

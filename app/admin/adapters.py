@@ -21,6 +21,7 @@ from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.services import gateway_of
 from app.tool_calls.formats import FORMATS
 from app.tool_calls.templates import MAX_TEMPLATE_CHARS
+from app.web.bounded_json import nesting_error
 from app.web.errors import BadRequestError
 from app.web.responses import ErrorBody
 
@@ -40,6 +41,8 @@ def decode_pin(raw: bytes) -> PinRequest:
         return msgspec.json.decode(raw, type=PinRequest)
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
         raise BadRequestError(f'Invalid body: {error}; send {{"pinned": true}} or {{"pinned": false}}.') from None
+    except RecursionError:
+        raise nesting_error("The request body") from None
 
 
 def _responses(

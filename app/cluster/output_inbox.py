@@ -5,6 +5,11 @@ the replica connects here once and sends one frame per engine step with the outp
 gateway's requests it runs (``output_links.py``). A connection must first prove the inbox's token
 (``output_wire.Hello``). Outputs are rebuilt into RequestOutputs here and handed to each request's reader.
 
+The port listens on the node's address, where anyone on the network can connect, so a connection is held
+to little until its Hello proves the token: a first frame of at most ``MAX_HELLO_BYTES`` (a longer one is
+refused from its header, before its body is read), within ``HELLO_TIMEOUT_S`` of connecting, and at most
+``MAX_PENDING`` such connections at once (the oldest is closed for a new one).
+
 The inbox serves one event loop at a time, as :class:`~app.engine_clients.channel.FrameChannel` does: tests
 run one loop after another, so :meth:`OutputInbox.bind` moves it to the caller's loop once the loop it
 served has stopped.
@@ -32,6 +37,9 @@ from engine.worker_protocol import Abort, StepOutputs, frame, from_wire
 logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 64
+MAX_HELLO_BYTES = 1024  # a Hello's frame body is under 100 bytes (a 32-character token and a replica id)
+HELLO_TIMEOUT_S = 10.0  # a replica says Hello as soon as it connects; a silent connection is closed after this
+MAX_PENDING = LISTEN_BACKLOG  # connections accepted and waiting for their Hello
 LINK_WAIT_S = 5.0  # how long a request whose call returned waits for its replica's connection to show
 ABANDONED_S = 600.0  # how long a request left before its first output may still start on a replica
 _hellos = msgspec.msgpack.Decoder(Hello)
@@ -59,6 +67,13 @@ class _Connection:
         self.inbox = inbox
         self.replica_id: str | None = None
         self.channel = FrameChannel(sock, self._on_frame, self._on_close)
+        self.channel.max_frame_bytes = MAX_HELLO_BYTES  # lifted once the Hello proves the token
+
+    def expire(self) -> None:
+        """Close the connection if it has not proved the token yet."""
+        if self.replica_id is None and not self.channel.closed:
+            logger.warning("closed an output connection that sent no Hello within %g s", HELLO_TIMEOUT_S)
+            self.channel.close()
 
     def _on_frame(self, body: bytes) -> None:
         if self.replica_id is not None:
@@ -73,6 +88,7 @@ class _Connection:
             self.channel.close()
             return
         self.replica_id = hello.replica_id
+        self.channel.max_frame_bytes = None
         self.inbox.attach(self)
 
     def _on_close(self) -> None:
@@ -88,7 +104,7 @@ class OutputInbox:
         self.address = InboxAddress(host, self._listener.getsockname()[1], secrets.token_urlsafe(24))
         self.encoded_address = msgspec.msgpack.encode(self.address)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[_Connection] = set()  # accepted, before their Hello
+        self._pending: dict[_Connection, None] = {}  # accepted, before their Hello; the oldest first
         self._links: dict[str, _Connection] = {}  # replica id -> its connection
         self._streams: dict[str, InboxStream] = {}
         self._abandoned: dict[str, float] = {}  # left before any output said where they run -> monotonic time left
@@ -184,7 +200,7 @@ class OutputInbox:
                 self._streams.pop(delta.request_id, None)  # its event loop is gone: nobody reads it
 
     def attach(self, connection: _Connection) -> None:
-        self._pending.discard(connection)
+        self._pending.pop(connection, None)
         if connection.replica_id is None:
             return
         previous = self._links.get(connection.replica_id)
@@ -194,7 +210,7 @@ class OutputInbox:
 
     def detach(self, connection: _Connection) -> None:
         """A connection closed: the requests its replica was sending on it end (their outputs cannot come)."""
-        self._pending.discard(connection)
+        self._pending.pop(connection, None)
         replica_id = connection.replica_id
         if replica_id is None or self._links.get(replica_id) is not connection:
             return
@@ -216,9 +232,14 @@ class OutputInbox:
                 logger.exception("the gateway's output port could not accept a connection")
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if len(self._pending) >= MAX_PENDING:
+                oldest = next(iter(self._pending))
+                logger.warning("closed the oldest of %d output connections waiting for their Hello", MAX_PENDING)
+                oldest.channel.close()  # its on_close takes it out of _pending
             connection = _Connection(self, sock)
-            self._pending.add(connection)
+            self._pending[connection] = None
             connection.channel.bind(loop)
+            loop.call_later(HELLO_TIMEOUT_S, connection.expire)
 
     def _abandon(self, request_id: str) -> None:
         """Remember a request left before its replica was known. Cancelling its Serve call does not always

@@ -37,7 +37,11 @@ def stays_on(current: asyncio.AbstractEventLoop | None, loop: asyncio.AbstractEv
 
 
 class FrameChannel:
-    """A socket carrying frames both ways; ``on_frame`` gets each body, ``on_close`` is called once at the end."""
+    """A socket carrying frames both ways; ``on_frame`` gets each body, ``on_close`` is called once at the end.
+
+    ``max_frame_bytes``, when set, bounds the frames it takes: a header that announces a longer body closes the
+    channel before any of that body is kept (a peer not yet trusted cannot make it buffer gigabytes).
+    """
 
     def __init__(self, sock: socket.socket, on_frame: Callable[[bytes], None], on_close: Callable[[], None]) -> None:
         sock.setblocking(False)
@@ -51,6 +55,7 @@ class FrameChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writing = False  # a writer callback waits for room in the socket
         self._closed = False
+        self.max_frame_bytes: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -137,7 +142,15 @@ class FrameChannel:
         buffer += data
         start = 0
         while len(buffer) - start >= FRAME_HEADER_BYTES:
-            end = start + FRAME_HEADER_BYTES + frame_size(buffer[start : start + FRAME_HEADER_BYTES])
+            size = frame_size(buffer[start : start + FRAME_HEADER_BYTES])
+            if self.max_frame_bytes is not None and size > self.max_frame_bytes:
+                logger.warning(
+                    "closed a connection that announced a %d-byte frame (%d at most)", size, self.max_frame_bytes
+                )
+                buffer.clear()
+                self.close()
+                return
+            end = start + FRAME_HEADER_BYTES + size
             if len(buffer) < end:
                 break
             body = bytes(buffer[start + FRAME_HEADER_BYTES : end])
@@ -146,4 +159,6 @@ class FrameChannel:
                 self._on_frame(body)
             except Exception:  # one bad frame must not stop the frames after it
                 logger.exception("a frame from the engine worker could not be handled")
+            if self._closed:  # the frame's handler closed the channel (a Hello without the token)
+                return
         del buffer[:start]

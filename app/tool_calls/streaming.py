@@ -263,21 +263,53 @@ class _ArgumentsScanner:
 
 
 def _python_arguments_as_json(arguments: str) -> str | None:
-    """``a=1, b="x"`` as ``{"a": 1, "b": "x"}``; None when it is not keyword arguments of Python literals."""
-    try:
-        call = ast.parse(f"f({arguments})", mode="eval").body
-        assert isinstance(call, ast.Call)
-        if call.args:
+    """``a=1, from="x"`` as ``{"a": 1, "from": "x"}``; None when it is not keyword arguments of Python literals.
+
+    A key is read up to its ``=``, so a property named by a Python keyword or by no identifier (``first-name``)
+    reads as the grammar writes it (app/tool_calls/pythonic_grammar.py); a key given twice is no call.
+    """
+    pairs = _keyword_arguments(arguments.strip())
+    if pairs is None:
+        return None
+    values: dict[str, object] = {}
+    for key, value_text in pairs:
+        if key is None or key in values:
             return None
-        values = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
-    except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError):
-        return None
-    if None in values:  # **kwargs
-        return None
+        try:
+            values[key] = ast.literal_eval(value_text)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            return None
     try:
         return json.dumps(values)
     except (TypeError, ValueError):  # a set, bytes or complex number: no JSON for it
         return None
+
+
+def _keyword_arguments(text: str) -> list[tuple[str | None, str]] | None:
+    """``text`` split into (key, value's text) at the commas outside strings and brackets; [] for no text."""
+    pairs: list[tuple[str | None, str]] = []
+    start, depth, quote, escaped = 0, 0, "", False
+    for i, char in enumerate(f"{text},"):
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            key, equals, value = text[start:i].partition("=")
+            pairs.append((key.strip() or None, value) if equals else (None, value))
+            start = i + 1
+    if not text:
+        return []
+    return pairs if not quote and depth == 0 else None
 
 
 def _longest_prefix_suffix(text: str, trigger: str) -> int:

@@ -16,6 +16,12 @@ or for a list, tuple or dict its items plus their sizes; no operation may build 
 - the filters that do the same (app/tool_calls/template_filters.py: ``center``, ``indent``,
   ``wordwrap``, ``format``, ``join``, ``replace``, ``batch``'s fill, ``sum``), and ``tojson``'s indent.
   ``truncate`` writes no more than it is given, and ``range`` keeps Jinja's own cap of 100000 items.
+
+Only the globals, filters and tests chat templates use are offered (``OFFERED_GLOBALS`` here, and
+app/tool_calls/template_filters.py): nothing that prints a value's structure (``pprint``), makes text
+(``lipsum``) or HTML (``urlize``, ``xmlattr``, the escapes) is. Every value a call, an operator, a filter, a
+slice, a ``~`` or a macro's or block's body builds is charged to the render's budget, and each loop
+iteration and call checks its clock (app/tool_calls/render_deadline.py).
 """
 
 from __future__ import annotations
@@ -27,15 +33,22 @@ from functools import update_wrapper
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.nodes import Concat
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
 from markupsafe import Markup
 
-from app.tool_calls.template_filters import BOUNDED_FILTERS
+from app.tool_calls.render_deadline import charge, check_clock
+from app.tool_calls.template_filters import OFFERED_FILTERS
 from app.tool_calls.template_sizes import check_int_bits, check_printf, is_int, refuse_past_bound, size_of
 
 _DIGITS = re.compile(r"\d+")
+# Jinja's own globals a chat template may use (``range`` is the sandbox's, capped at 100000 items); the
+# template module adds ``raise_exception`` and ``strftime_now``, as transformers does.
+OFFERED_GLOBALS = ("range", "dict", "namespace", "cycler", "joiner")
+_BUILT = (str, bytes, list, tuple, dict)  # the results whose size is charged to the render
 
 
 def check_binop(operator: str, left: Any, right: Any) -> None:
@@ -133,6 +146,22 @@ class _BoundedCodeGenerator(CodeGenerator):
             self.write(", ")
         self.write("))")
 
+    def visit_Getitem(self, node: nodes.Getitem, frame: Frame) -> None:
+        """A slice through ``environment.sliced`` (Jinja's own code slices directly, past every hook)."""
+        if not isinstance(node.arg, nodes.Slice):
+            super().visit_Getitem(node, frame)
+            return
+        self.write("environment.sliced(")
+        self.visit(node.node, frame)
+        self.write(", slice(")
+        for index, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+            self.write(", " if index else "")
+            if part is None:
+                self.write("None")
+            else:
+                self.visit(part, frame)
+        self.write("))")
+
 
 class BoundedSandboxedEnvironment(ImmutableSandboxedEnvironment):
     """The immutable sandbox, with the operators, methods and filters that build large values bounded."""
@@ -142,19 +171,57 @@ class BoundedSandboxedEnvironment(ImmutableSandboxedEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.filters.update(BOUNDED_FILTERS)
+        self.globals = {name: self.globals[name] for name in OFFERED_GLOBALS}
+        self.filters = dict(OFFERED_FILTERS)
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        """The template's tree, each loop's iterable read through :meth:`checked_iter`."""
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(nodes.For):
+            checked = nodes.Call(nodes.EnvironmentAttribute("checked_iter"), [loop.iter], [], None, None)
+            loop.iter = checked.set_lineno(loop.iter.lineno)
+        return tree
+
+    def checked_iter(self, iterable: Any) -> Iterable[Any]:
+        """``iterable``'s items, the render's clock checked before each (a loop's body may hold no call)."""
+        for item in iterable:
+            check_clock()
+            yield item
 
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right)
-        return super().call_binop(context, operator, left, right)
+        result = super().call_binop(context, operator, left, right)
+        if isinstance(result, _BUILT):
+            charge(size_of(result), f"`{operator}`")
+        return result
 
     def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        check_clock()
         args = check_method_call(__obj, args, kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
+        result = super().call(__context, __obj, *args, **kwargs)
+        if isinstance(result, _BUILT) and not isinstance(__obj, Macro):  # a macro's body was charged as it ran
+            charge(size_of(result), "a call")
+        return result
+
+    def sliced(self, obj: Any, key: slice) -> Any:
+        result = obj[key]
+        if isinstance(result, _BUILT):
+            charge(size_of(result), "a slice")
+        return result
 
     def bounded_concat(self, join: Callable[[Iterable[Any]], str], parts: tuple[Any, ...]) -> str:
-        refuse_past_bound(sum(size_of(part) for part in parts), "`~`")
+        size = sum(size_of(part) for part in parts)
+        refuse_past_bound(size, "`~`")
+        charge(size, "`~`")
         return join(parts)
+
+    def concat(self, parts: Iterable[Any]) -> str:  # type: ignore[override]  # Jinja's is a str.join
+        """A macro's, a call block's or a ``{% set %}`` block's body joined, bounded and charged as ``~`` is."""
+        parts = list(parts)
+        size = sum(map(len, parts))
+        refuse_past_bound(size, "a macro's or block's body")
+        charge(size, "a macro's or block's body")
+        return "".join(parts)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         if not isinstance(value, types.MethodType | types.BuiltinMethodType) or value.__name__ not in (

@@ -1,7 +1,8 @@
 """How large a value a chat template builds, and the bounds the sandbox holds it to before building it.
 
-A value's size is its characters (or bytes), or for a list, tuple or dict its items plus their sizes
-(app/tool_calls/template_sandbox.py says where the bounds are checked).
+A value's size is its characters (or bytes), or for a list, tuple, set or dict ``ITEM_SIZE`` for itself
+and each of its items plus their sizes: about the bytes it takes (app/tool_calls/template_sandbox.py says
+where the bounds are checked).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-MAX_VALUE_SIZE = 4 * 1024 * 1024  # characters or items: a prompt past 4 MiB fits no context this server serves
+MAX_VALUE_SIZE = 4 * 1024 * 1024  # characters: a prompt past 4 MiB fits no context this server serves
+ITEM_SIZE = 8  # an item of a list or dict: the pointer to it (a dict's key and value are two)
 MAX_INT_BITS = 1 << 16  # ~19700 decimal digits; Python refuses to print an int past 4300 anyway
 MAX_JSON_INDENT = 64  # tojson's indent, in spaces; real templates use 2 or 4
 
@@ -23,7 +25,7 @@ class TemplateBoundError(Exception):
 
 
 def size_of(value: Any) -> int:
-    """Characters of a string, or items plus their sizes for a container; stops walking past the bound."""
+    """Characters of a string, or ``ITEM_SIZE`` per item plus their sizes for a container; stops past the bound."""
     total = 0
     stack = [value]
     while stack and total <= MAX_VALUE_SIZE:
@@ -31,7 +33,7 @@ def size_of(value: Any) -> int:
         if isinstance(item, str | bytes | bytearray):
             total += len(item)
         elif isinstance(item, list | tuple | set | frozenset | dict):
-            total += 1 + len(item)
+            total += ITEM_SIZE * (1 + len(item) * (2 if isinstance(item, dict) else 1))
             if total > MAX_VALUE_SIZE:
                 break
             elements = [*item.keys(), *item.values()] if isinstance(item, dict) else item
@@ -49,7 +51,10 @@ def size_of(value: Any) -> int:
 
 def refuse_past_bound(size: int, what: str) -> None:
     if size > MAX_VALUE_SIZE:
-        raise TemplateBoundError(f"{what} would build a value of more than {MAX_VALUE_SIZE} characters or items")
+        raise TemplateBoundError(
+            f"{what} would build a value of more than {MAX_VALUE_SIZE} characters (an item of a list or dict counts "
+            f"as {ITEM_SIZE})"
+        )
 
 
 def check_int_bits(num_bits: int, what: str) -> None:

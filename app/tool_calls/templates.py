@@ -3,29 +3,33 @@
 A template is Jinja, as Hugging Face tokenizers carry it (``messages``, ``tools``,
 ``add_generation_prompt``, the ``tojson`` filter, ``raise_exception``). A tenant's template is untrusted
 text that becomes code: it runs in Jinja's immutable sandbox (no attribute of Python internals, no
-mutation of what it is given), its source is bounded to ``MAX_TEMPLATE_CHARS``, its output to
-``MAX_RENDERED_CHARS``, each value it builds to the same size (app/tool_calls/template_sandbox.py) and each
-render to ``MAX_RENDER_SECONDS`` (app/tool_calls/render_deadline.py); :func:`check_template` renders a sample
-conversation with tools and calls before one is accepted, saying what went wrong when it fails.
+mutation of what it is given) offered only the globals, filters and tests chat templates use, its source
+is bounded to ``MAX_TEMPLATE_CHARS``, its output to ``MAX_RENDERED_CHARS``, each value it builds to the
+same size (app/tool_calls/template_sandbox.py), and each render to ``MAX_RENDER_SECONDS`` and to what it may
+build in all (app/tool_calls/render_deadline.py). A template that names a filter, a test or a function it
+is not offered is refused when it is compiled, wherever the name hides; :func:`check_template` renders a
+sample conversation with tools and calls before one is accepted, saying what went wrong when it fails.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 import jinja2
+from jinja2 import meta, nodes
 
-from app.tool_calls.render_deadline import RenderDeadlineError, run_with_deadline
+from app.tool_calls.render_deadline import RenderDeadlineError, charge, run_with_deadline
 from app.tool_calls.template_sandbox import BoundedSandboxedEnvironment
-from app.tool_calls.template_sizes import MAX_JSON_INDENT, MAX_VALUE_SIZE, TemplateBoundError
+from app.tool_calls.template_sizes import MAX_VALUE_SIZE, TemplateBoundError
 
 MAX_TEMPLATE_CHARS = 64 * 1024  # the largest Hugging Face chat templates are ~20k characters
 MAX_RENDERED_CHARS = MAX_VALUE_SIZE  # a prompt past 4 MiB fits no context this server serves
 MAX_RENDER_SECONDS = 1.0  # real templates render in milliseconds (docs/tools.md has the figures)
 SHIPPED_TEMPLATE = "chatml_tools.jinja"
+MAX_ERROR_CHARS = 512  # of an error's text in a refusal: raise_exception's message is the template's to choose
+MAX_STRFTIME_CHARS = 256  # strftime_now's format: "%d %b %Y" is what templates pass; "%c" writes 24 characters
 
 SAMPLE_TOOLS: list[dict[str, Any]] = [
     {
@@ -65,19 +69,46 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None) -> str:
-    """JSON as Hugging Face's templates expect it: not HTML-escaped, non-ASCII kept."""
-    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= MAX_JSON_INDENT):
-        raise TemplateBoundError(f"tojson's indent must be a number of spaces from 0 to {MAX_JSON_INDENT}")
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _shown(error: BaseException) -> str:
+    text = str(error)
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}… ({len(text)} characters)"
+
+
+def _strftime_now(fmt: Any) -> str:
+    text = str(fmt)
+    if len(text) > MAX_STRFTIME_CHARS:
+        raise TemplateBoundError(f"strftime_now takes a format of at most {MAX_STRFTIME_CHARS} characters")
+    return datetime.now(UTC).strftime(text)
 
 
 def _environment() -> BoundedSandboxedEnvironment:
     environment = BoundedSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(str(fmt))
+    environment.globals["strftime_now"] = _strftime_now
     return environment
+
+
+def _check_names(environment: BoundedSandboxedEnvironment, source: str) -> None:
+    """ChatTemplateError naming the first filter, test or function the template uses and is not offered."""
+    tree = environment.parse(source)
+    for node in tree.find_all((nodes.Filter, nodes.Test)):
+        offered = environment.filters if isinstance(node, nodes.Filter) else environment.tests
+        if node.name not in offered:
+            kind = "filter" if isinstance(node, nodes.Filter) else "test"
+            raise ChatTemplateError(
+                f"the chat template uses the {kind} `{node.name}` (line {node.lineno}), which chat templates are "
+                f"not offered; these are: {', '.join(sorted(offered))}"
+            )
+    declared = {macro.name for macro in tree.find_all(nodes.Macro)}  # anywhere: a macro in an `if` calls itself
+    declared |= {name.name for name in tree.find_all(nodes.Name) if name.ctx in ("store", "param")}
+    undeclared = meta.find_undeclared_variables(tree) - declared
+    for call in tree.find_all(nodes.Call):
+        name = call.node.name if isinstance(call.node, nodes.Name) else None
+        if name in undeclared and name not in environment.globals:
+            raise ChatTemplateError(
+                f"the chat template calls `{name}` (line {call.lineno}), a function chat templates are not offered; "
+                f"these are: {', '.join(sorted(environment.globals))}"
+            )
 
 
 class ChatTemplate:
@@ -91,8 +122,10 @@ class ChatTemplate:
             )
         if not source.strip():
             raise ChatTemplateError("the chat template is empty")
+        environment = _environment()
         try:
-            self._template = _environment().from_string(source)
+            _check_names(environment, source)
+            self._template = environment.from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ChatTemplateError(
                 f"the chat template is not valid Jinja (line {error.lineno}: {error.message})"
@@ -131,9 +164,9 @@ class ChatTemplate:
         except TemplateBoundError as error:
             raise ChatTemplateError(f"the chat template went past a bound: {error}") from None
         except jinja2.exceptions.SecurityError as error:
-            raise ChatTemplateError(f"the chat template did something the sandbox forbids: {error}") from None
+            raise ChatTemplateError(f"the chat template did something the sandbox forbids: {_shown(error)}") from None
         except jinja2.TemplateError as error:
-            raise ChatTemplateError(f"the chat template failed: {error}") from None
+            raise ChatTemplateError(f"the chat template failed: {_shown(error)}") from None
         except (
             TypeError,
             ValueError,
@@ -141,11 +174,12 @@ class ChatTemplate:
             KeyError,
             IndexError,
             ZeroDivisionError,
+            AssertionError,
             RecursionError,
             OverflowError,
             MemoryError,
         ) as error:
-            raise ChatTemplateError(f"the chat template failed: {type(error).__name__}: {error}") from None
+            raise ChatTemplateError(f"the chat template failed: {type(error).__name__}: {_shown(error)}") from None
 
     def _generate(self, context: dict[str, Any]) -> str:
         parts: list[str] = []
@@ -154,6 +188,7 @@ class ChatTemplate:
             size += len(part)
             if size > MAX_RENDERED_CHARS:
                 raise _RenderedTooLongError
+            charge(len(part), "the output")
             parts.append(part)
         return "".join(parts)
 

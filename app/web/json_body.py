@@ -4,7 +4,7 @@ Litestar converts a body leniently: ``"stream": 0`` becomes false and ``"max_tok
 the schema does not allow and OpenAI's API refuses. A route with a JSON body therefore runs
 ``strict_json(BodyType)`` as its ``before_request`` hook: the body must decode as that type under msgspec's
 strict rules, else the answer is a 400 naming the field. Litestar then parses the same (cached) bytes, which
-can no longer be coerced into anything else.
+can no longer be coerced into anything else. The body's nesting is bounded (app/web/bounded_json.py).
 
 One difference from msgspec's rules is kept on purpose: JSON Schema counts ``8.0`` as an integer, and clients
 that hold every number as a float (JavaScript's, some of Python's) send it so; Litestar reads it as 8.
@@ -19,10 +19,14 @@ from typing import Any
 import msgspec
 from litestar import Request
 
+from app.web.bounded_json import check_json_depth, nesting_error
 from app.web.errors import BadRequestError
 
-# msgspec's messages: "Object contains unknown field `x` - at `$.messages[0]`", "Expected `int`, got `str` - at `$.n`"
-_WHERE = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+BODY = "The request body"
+
+# msgspec's messages: "Object contains unknown field `x` - at `$.messages[0]`", "Expected `int`, got `str` - at `$.n`",
+# "Expected `str` of length <= 64 - at `key` in `$.metadata`" (a key of an object)
+_WHERE = re.compile(r" - at (?P<key>`key` in )?`\$\.?(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"`(?P<field>[^`]*)`")
 
 
@@ -40,6 +44,9 @@ def strict_json(body_type: type[msgspec.Struct]) -> Callable[[Request], Awaitabl
             _check_with_integral_floats(raw, body_type)
         except msgspec.DecodeError as error:
             raise BadRequestError(f"The request body is not valid JSON ({error}); send a JSON object.") from None
+        except RecursionError:
+            raise nesting_error(BODY) from None
+        check_json_depth(raw, BODY)  # fields typed Any (a tool's parameters) decode at any depth
 
     return check_body
 
@@ -47,11 +54,16 @@ def strict_json(body_type: type[msgspec.Struct]) -> Callable[[Request], Awaitabl
 def _check_with_integral_floats(raw: bytes, body_type: type[msgspec.Struct]) -> None:
     """Check the body again with every whole float (``8.0``) read as an integer; 400 if it still fails."""
     try:
-        msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(raw)), body_type, strict=True)
-    except msgspec.ValidationError as error:
-        raise body_error(str(error)) from None
+        value = msgspec.json.decode(raw)
     except msgspec.DecodeError as error:  # the typed decoder stops at the first value it cannot take
         raise BadRequestError(f"The request body is not valid JSON ({error}); send a JSON object.") from None
+    except RecursionError:
+        raise nesting_error(BODY) from None
+    check_json_depth(raw, BODY)  # before the walk below recurses through it
+    try:
+        msgspec.convert(_integral_floats_as_ints(value), body_type, strict=True)
+    except msgspec.ValidationError as error:
+        raise body_error(str(error)) from None
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -80,4 +92,6 @@ def body_error(text: str) -> BadRequestError:
         return BadRequestError(f"Missing required parameter: `{name}`.", param=name)
     if not path:
         return BadRequestError(f"The request body must be a JSON object of the documented fields: {problem}.")
+    if where and where.group("key"):
+        return BadRequestError(f"Invalid key in `{path}`: {problem}.", param=path)
     return BadRequestError(f"Invalid value for `{path}`: {problem}.", param=path)

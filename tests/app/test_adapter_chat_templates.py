@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -21,6 +23,7 @@ from app.db.tables import Adapter, AdapterFile, AuditLog
 from app.keys.service import Scope
 from app.tool_calls.templates import MAX_TEMPLATE_CHARS, ChatTemplate
 from tests.app.gateway_fixtures import gateway_client, make_tenant
+from tests.app.live_server import live_server
 from tests.app.test_admin_adapters import adapter_files, adapters_url
 from tests.app.test_tool_calls_auto import ASK, CALL_BIAS, PYTHONIC_TEMPLATE
 
@@ -110,6 +113,20 @@ NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfo
 # (case id, the form's extra fields, its extra parts, the part the 400 names, words the message must hold)
 BAD_CHAT_PARTS = [
     ("unknown-format", {"tool_call_format": "xml"}, [], "tool_call_format", "hermes, llama3_json, mistral, pythonic"),
+    (
+        "format-without-template",  # the server's template writes hermes calls: the model would never call in `[`
+        {"tool_call_format": "pythonic"},
+        [],
+        "tool_call_format",
+        "does not write calls in the pythonic tool-call format",
+    ),
+    (
+        "format-its-template-does-not-teach",
+        {"tool_call_format": "pythonic"},
+        [(TEMPLATE, ChatTemplate.shipped().source.encode())],
+        TEMPLATE,
+        "does not write calls in the pythonic tool-call format",
+    ),
     ("syntax-error", {}, [(TEMPLATE, b"{% for m in messages %}{{ m.content }}")], TEMPLATE, "not valid Jinja"),
     (
         "drops-the-tools",
@@ -208,3 +225,61 @@ async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_tha
         assert time.monotonic() - started < 5  # the 1 s budget, and a request's own cost on a shared machine
         assert spun.status_code == 400, spun.text
         assert "ran longer than 1 s" in spun.json()["error"]["message"]
+
+
+# Renders that pass the upload's sample and meet their attack on a conversation that names it; each is refused
+# by its bound (time or size) while the gateway goes on answering.
+ATTACKS_BY_WORD = {
+    "loops": NESTED_LOOPS,
+    "unique": "{{ ((range(100000) | list) * 5) | unique | list | length }}",
+    "frames": "{% macro f(n, s) %}{% if n > 0 %}{{ f(n - 1, s ~ 'x') }}{% endif %}{% endmacro %}"
+    "{{ f(300, 'x' * 4000000) }}",
+    "json": "{% set l = range(100000) | list %}{{ [l, l, l, l] | tojson(indent=2) | length }}",
+    "doubling": "{% macro d(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='x') %}"
+    "{% for i in range(64) %}{% set ns.s = d(ns.s) %}{% endfor %}",
+}
+MAX_HEALTH_S = 1.0
+
+
+def _poll_health(url: str, stop: threading.Event, latencies_s: list[float]) -> None:
+    with httpx.Client(base_url=url, timeout=10) as http:
+        while not stop.is_set():
+            started = time.monotonic()
+            assert http.get("/health").status_code == 200
+            latencies_s.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+
+def test_hostile_renders_are_refused_in_time_while_the_gateway_answers_health(
+    gateway_settings, default_engine, tenant_adapters
+):
+    attacks = "".join(
+        f"{{% if messages[-1].content == '{word}' %}}{source}{{% endif %}}" for word, source in ATTACKS_BY_WORD.items()
+    )
+    with live_server(gateway_settings, default_engine) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        admin = server.run(make_tenant(server.gateway, "ops", scopes=(Scope.ADMIN,)))
+        acme = server.run(make_tenant(server.gateway, "acme"))
+        files = [
+            *adapter_files(tenant_adapters["alpha"]),
+            _template_part(TEMPLATE, (PYTHONIC_TEMPLATE + attacks).encode()),
+        ]
+        uploaded = http.post(adapters_url(acme.tenant_id), data={"name": "agent"}, files=files, headers=admin.headers)
+        assert uploaded.status_code == 201, uploaded.text
+        stop, latencies_s = threading.Event(), []
+        poller = threading.Thread(target=_poll_health, args=(server.url, stop, latencies_s), daemon=True)
+        poller.start()
+        try:
+            for word in ATTACKS_BY_WORD:
+                started = time.monotonic()
+                refused = http.post(
+                    CHAT,
+                    json={"model": "agent", "messages": [{"role": "user", "content": word}], "max_tokens": 1},
+                    headers=acme.headers,
+                )
+                assert time.monotonic() - started < 5  # the 1 s budget, and a request's own cost on a shared machine
+                assert refused.status_code == 400, (word, refused.text)
+                assert "chat template" in refused.json()["error"]["message"], word
+        finally:
+            stop.set()
+            poller.join(timeout=10)
+        assert latencies_s and max(latencies_s) < MAX_HEALTH_S, sorted(latencies_s)[-5:]

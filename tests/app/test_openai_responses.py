@@ -73,6 +73,18 @@ def test_official_client_creates_and_streams_responses(server: LiveServer, acme:
 
 
 @pytest.mark.anyio
+async def test_metadata_at_openais_bounds_is_stored_and_returned(gateway_settings, default_engine) -> None:
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        body = {"model": default_engine.model_name, "input": "Hi", "max_output_tokens": 1, "metadata": metadata}
+        created = await client.post(RESPONSES, json=body, headers=acme.headers)
+        assert created.status_code == 200, created.text
+        stored = await client.get(f"{RESPONSES}/{created.json()['id']}", headers=acme.headers)
+        assert stored.json()["metadata"] == metadata
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
@@ -89,6 +101,9 @@ def test_official_client_creates_and_streams_responses(server: LiveServer, acme:
         ({"input": []}, "input"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # OpenAI's bounds: 16 pairs,
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys of 64 characters,
+        ({"metadata": {"k": "v" * 513}}, "metadata[...]"),  # values of 512
     ],
 )
 async def test_what_is_not_offered_is_a_400(gateway_settings, default_engine, fields, param) -> None:

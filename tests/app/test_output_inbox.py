@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import msgspec
 import pytest
 
 from app.cluster import output_inbox
@@ -133,3 +134,60 @@ async def test_the_inbox_listens_on_the_host_it_is_given_with_a_fresh_token() ->
     finally:
         first.close()
         second.close()
+
+
+async def _closed_by_the_inbox(reader: asyncio.StreamReader) -> bool:
+    """Whether the inbox closes the connection within WAIT_S (a reset counts as closed)."""
+    try:
+        return await asyncio.wait_for(reader.read(), WAIT_S) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def test_a_first_frame_longer_than_a_hello_is_refused_from_its_header(inbox) -> None:
+    reader, writer = await asyncio.open_connection(inbox.address.host, inbox.address.port)
+    writer.write((2**32 - 1).to_bytes(FRAME_HEADER_BYTES, "big") + b"x" * 4096)  # announces 4 GiB
+    await writer.drain()
+    assert await _closed_by_the_inbox(reader)
+    assert len(inbox._pending) == 0
+    writer.close()
+    # A replica that proves the token still sends frames of any length after its Hello.
+    stream = inbox.open("r1", PROMPT)
+    _, writer = await connect(inbox)
+    long_step = StepOutputs([msgspec.structs.replace(delta("r1", 7, True), delta_text="x" * 100_000)], [])
+    writer.write(frame(long_step))
+    await writer.drain()
+    outputs = [output async for output in stream.queue.outputs("r1")]
+    assert len(outputs[-1].text) == 100_000
+    writer.close()
+
+
+async def test_a_connection_that_says_nothing_is_closed_after_the_hello_timeout(inbox, monkeypatch) -> None:
+    monkeypatch.setattr(output_inbox, "HELLO_TIMEOUT_S", 0.2)
+    silent_reader, silent_writer = await asyncio.open_connection(inbox.address.host, inbox.address.port)
+    stream = inbox.open("r1", PROMPT)
+    _, writer = await connect(inbox)  # a replica that says Hello at once stays
+    await asyncio.sleep(0.5)
+    assert await _closed_by_the_inbox(silent_reader)
+    writer.write(frame(StepOutputs([delta("r1", 7, True)], [])))
+    await writer.drain()
+    assert [output.token_ids async for output in stream.queue.outputs("r1")] == [[7]]
+    silent_writer.close()
+    writer.close()
+
+
+async def test_connections_waiting_for_their_hello_are_bounded_oldest_closed_first(inbox, monkeypatch) -> None:
+    monkeypatch.setattr(output_inbox, "MAX_PENDING", 4)
+    connections = [await asyncio.open_connection(inbox.address.host, inbox.address.port) for _ in range(6)]
+    assert await _closed_by_the_inbox(connections[0][0]) and await _closed_by_the_inbox(connections[1][0])
+    assert len(inbox._pending) == 4
+    stream = inbox.open("r1", PROMPT)
+    _, writer = await connect(inbox)  # closes the oldest waiting one again, and is served
+    writer.write(frame(StepOutputs([delta("r1", 7, True)], [])))
+    await writer.drain()
+    assert [output.token_ids async for output in stream.queue.outputs("r1")] == [[7]]
+    assert await _closed_by_the_inbox(connections[2][0])
+    for _, other in (*connections, (None, writer)):
+        other.close()

@@ -64,7 +64,13 @@ TABLE = [
     ),
     Row("LORAPLEX_DEMO", "demo", "off", False),
     Row("LORAPLEX_ADMIN_KEY", "admin_key", "lp-admin", "lp-admin"),
-    Row("LORAPLEX_MAX_ADAPTER_RANK", "max_adapter_rank", "64", 64, (("0", "at least 1"), *WHOLE_NUMBER)),
+    Row(
+        "LORAPLEX_MAX_ADAPTER_RANK",
+        "max_adapter_rank",
+        "64",
+        64,
+        (("0", "1 to 256 \\(the engine serves LoRA ranks 1 to 256"), ("257", "1 to 256"), *WHOLE_NUMBER),
+    ),
     Row(
         "LORAPLEX_MAX_ADAPTER_MB",
         "max_adapter_bytes",

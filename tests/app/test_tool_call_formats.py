@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from typing import Any
 
 import pytest
 import xgrammar
@@ -18,7 +20,10 @@ from app.tool_calls import (
     ToolSpec,
     parse_reply,
 )
+from app.tool_calls.pythonic_grammar import arguments_grammar
+from app.tool_calls.style import base_chat_style
 from app.tool_calls.templates import ChatTemplate, ChatTemplateError, check_template
+from tests.app.test_tool_calls_auto import PYTHONIC_TEMPLATE
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -154,3 +159,101 @@ def test_the_shipped_template_renders_tools_calls_and_results_in_the_hermes_form
 def test_bad_templates_are_refused_saying_why(source: str, reason: str) -> None:
     with pytest.raises(ChatTemplateError, match=reason):
         check_template(source)
+
+
+# Names a pythonic call must write and read back as they are: Python keywords, and names that are no identifier.
+ODD_NAMES = ["from", "class", "None", "first-name", "1st", "a.b", "é", "with space", "x"]
+VALUE_SCHEMAS = [
+    ({"type": "integer"}, ["0", "7", "-12", "007", "-0", "1.5"]),
+    ({"type": "number"}, ["0", "2.5", "-3", "01.5", "1."]),
+    ({"type": "string"}, ['"Paris"', '""', '"a\\"b"', '"x\\ny"', "'single'"]),
+    ({"type": "string", "maxLength": 3}, ['"abc"', '"abcd"']),
+    ({"type": "boolean"}, ["True", "False", "true"]),
+    ({"type": "null"}, ["None", "null"]),
+    ({"enum": ["C", 1, None]}, ['"C"', "1", "None", '"F"']),
+    ({"type": "array"}, ["[]", '[1, "a", [True]]', "[1,2]", "[007]"]),
+    ({}, ['{"k": [1, None]}', "{}", "{1: 2}"]),
+]
+
+
+def _random_schema(rng: random.Random) -> dict[str, Any]:
+    names = rng.sample(ODD_NAMES, rng.randint(0, 4))
+    properties = {name: rng.choice(VALUE_SCHEMAS)[0] for name in names}
+    required = [name for name in names if rng.random() < 0.5]
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def _candidates(rng: random.Random, schema: dict[str, Any]) -> list[str]:
+    """Argument texts to offer the grammar: well-formed ones, and ones with a repeated, reordered or ill-spelled
+    argument or value."""
+    values = {json.dumps(s, sort_keys=True): texts for s, texts in VALUE_SCHEMAS}
+    names = list(schema["properties"])
+    texts = []
+    for _ in range(30):
+        chosen = [name for name in names if name in schema["required"] or rng.random() < 0.5]
+        if rng.random() < 0.3 and names:
+            chosen.append(rng.choice(names))  # repeated
+        if rng.random() < 0.3:
+            rng.shuffle(chosen)
+        pairs = [
+            f"{name}={rng.choice(values[json.dumps(schema['properties'][name], sort_keys=True)])}" for name in chosen
+        ]
+        texts.append(", ".join(pairs))
+    return texts
+
+
+def test_every_pythonic_call_the_grammar_takes_the_parser_reads_back(compiler) -> None:
+    # Over generated schemas, whatever arguments the grammar lets a model write parse into an object of the
+    # schema's keys: "a started call is always valid" holds for pythonic calls too.
+    rng = random.Random(14)
+    num_accepted = 0
+    for _ in range(150):
+        schema = _random_schema(rng)
+        grammar = compiler.compile_grammar(arguments_grammar(schema))
+        for text in _candidates(rng, schema):
+            matcher = xgrammar.GrammarMatcher(grammar)
+            if not (matcher.accept_string(text) and matcher.accept_token(EOS)):
+                continue
+            num_accepted += 1
+            reply = parse_reply(FORMATS["pythonic"], f"[f({text})]")
+            assert reply.complete and len(reply.calls) == 1, (schema, text)
+            arguments = json.loads(reply.calls[0].arguments)
+            assert set(schema["required"]) <= set(arguments) <= set(schema["properties"]), (schema, text, arguments)
+    assert num_accepted > 500  # the check is not vacuous
+
+
+def test_the_review_s_pythonic_calls_are_read_or_refused_alike() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"from": {"type": "string"}, "first-name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": [],
+    }
+    info = xgrammar.TokenizerInfo(VOCAB, stop_token_ids=[EOS])
+    grammar = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_grammar(
+        arguments_grammar(schema)
+    )
+    for text, expected in (
+        ('from="Paris"', {"from": "Paris"}),
+        ('first-name="Ada"', {"first-name": "Ada"}),
+        ("n=007", None),
+        ("n=1, n=2", None),
+    ):
+        matcher = xgrammar.GrammarMatcher(grammar)
+        accepted = matcher.accept_string(text) and matcher.accept_token(EOS)
+        reply = parse_reply(FORMATS["pythonic"], f"[f({text})]")
+        read = json.loads(reply.calls[0].arguments) if reply.calls else None
+        assert (accepted, read) == (expected is not None, expected), text
+
+
+def test_a_format_needs_a_template_that_writes_calls_in_it(tmp_path) -> None:
+    # The shipped template teaches hermes' <tool_call>: any other format without a template of its own is refused
+    # when the server starts, saying which; a template that writes the sample call in the format is taken.
+    assert base_chat_style(None, "hermes").tool_format.name == "hermes"
+    for name in sorted(set(FORMATS) - {"hermes"}):
+        with pytest.raises(ChatTemplateError, match=f"does not write calls in the {name} tool-call format"):
+            base_chat_style(None, name)
+    pythonic = tmp_path / "pythonic.jinja"
+    pythonic.write_text(PYTHONIC_TEMPLATE)
+    assert base_chat_style(pythonic, "pythonic").tool_format.name == "pythonic"
+    with pytest.raises(ChatTemplateError, match="hermes tool-call format"):
+        base_chat_style(pythonic, "hermes")

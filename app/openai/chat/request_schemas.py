@@ -28,6 +28,19 @@ MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0  # presence_penalty and frequency_penalty, as OpenAI bounds them
 MAX_REPETITION_PENALTY = 100.0  # vLLM's extension; above it every seen token is simply forbidden
+# OpenAI's bounds on `metadata`: 16 pairs, keys of at most 64 characters, values of at most 512.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+Metadata = Annotated[
+    dict[
+        Annotated[str, Meta(max_length=MAX_METADATA_KEY_CHARS)],
+        Annotated[str, Meta(max_length=MAX_METADATA_VALUE_CHARS)],
+    ],
+    Meta(
+        max_length=MAX_METADATA_PAIRS,
+        description=f"At most {MAX_METADATA_PAIRS} pairs: keys of at most {MAX_METADATA_KEY_CHARS} characters, values "
+        f"of at most {MAX_METADATA_VALUE_CHARS}.",
+    ),
+]
 
 
 def _documented(**json_schema: Any) -> Meta:
@@ -228,7 +241,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     top_logprobs: Annotated[NumLogprobs | None, Meta(description="Only with `logprobs: true`.")] = None
     # Accepted as long as they ask for nothing this server lacks.
     store: Annotated[bool, _documented(const=False, description="Nothing is stored.")] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     service_tier: Annotated[str, _documented(enum=["auto", "default"])] | None = None
     modalities: list[Annotated[str, _documented(enum=["text"])]] | None = None
     safety_identifier: str | None = None

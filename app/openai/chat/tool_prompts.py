@@ -18,6 +18,7 @@ from typing import Any
 
 from app.openai.chat.request_schemas import ChatCompletionRequest, ChatMessage, Tool
 from app.openai.chat.tools import ToolPlan, arguments_schema
+from app.web.bounded_json import parse_json
 from app.web.errors import BadRequestError
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -89,7 +90,7 @@ def _flattened(message: ChatMessage, names: dict[str, str]) -> dict[str, str]:
 def _arguments_object(arguments: str) -> Any:
     """A call's arguments as templates render them: the JSON value, or the text when it is not JSON."""
     try:
-        return json.loads(arguments)
+        return parse_json(arguments, "A tool call's `arguments`", param="messages")
     except ValueError:
         return arguments
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from app.openai.chat.request_schemas import TOOL_NAME, StreamOptions, _documented, _null_only
+from app.openai.chat.request_schemas import TOOL_NAME, Metadata, StreamOptions, _documented, _null_only
 from app.openai.responses.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, OutputItem
 
 # OpenAI's `include` values: all but logprobs name parts of items this server never makes (hosted tools'
@@ -91,7 +91,7 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     previous_response_id: Annotated[
         str | None, Meta(description="A stored response of yours to continue: its input and output come first.")
     ] = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
