@@ -17,8 +17,9 @@ naming one of 16 (then 64) synthetic adapters of rank 16 on every linear module,
 
 ``--quick`` runs a tiny shape (64 wide, 2 layers, a 512-token vocabulary) on one CPU thread (what ``make test``
 runs). Its compute is close to nothing, so the decode step at 256 rows measures the host's work around the
-kernels: ``host_step_ms`` with 16 adapters and
-``host_step_ms_base`` without, the figure to watch when making the host's share of a step smaller.
+kernels: ``host_step_ms`` with 16 adapters and ``host_step_ms_base`` without (wall time), ``step_cpu_ms_*`` the
+same steps' CPU time (the host's work alone, whatever else the machine runs) and ``host_step_ratio`` the one over
+the other in CPU time: the figures to watch when making the host's share of a step smaller.
 
     python -m scripts.benchmarks.bench_gpu --json            # on a CUDA machine; last line: one JSON object
     python -m scripts.benchmarks.bench_gpu --quick --json    # any CPU
@@ -92,22 +93,25 @@ def make_requests(num: int, vocab: int, prompt_len: int, seed: int) -> list[list
 
 
 class DecodeStepTimer:
-    """Times the engine's steps in which every one of ``num_rows`` sequences decodes one token."""
+    """Times the engine's steps in which every one of ``num_rows`` sequences decodes one token: wall time, and
+    the process's CPU time (on one thread the host's work alone, whatever else the machine runs)."""
 
     def __init__(self, engine: Engine, num_rows: int) -> None:
         self.engine, self.num_rows = engine, num_rows
         self.step_s: list[float] = []
+        self.cpu_s: list[float] = []
 
     def step(self) -> list:
         scheduler = self.engine.scheduler
         full = len(scheduler.running) == self.num_rows and not len(scheduler.admission)
         full = full and all(seq.num_output_tokens > 0 for seq in scheduler.running)
         sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         outputs = self.engine.step()
         sync()
         if full and len(outputs) == self.num_rows:
             self.step_s.append(time.perf_counter() - start)
+            self.cpu_s.append(time.process_time() - start_cpu)
         return outputs
 
 
@@ -116,7 +120,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_workload(engine: Engine, prompts: list[list[int]], num_out: int, adapters: list[str]) -> tuple[float, list]:
+def run_workload(
+    engine: Engine, prompts: list[list[int]], num_out: int, adapters: list[str]
+) -> tuple[float, DecodeStepTimer]:
     """Output tok/s for ``prompts`` (adapters round robin, none when empty) and the full decode steps' times."""
     params = SamplingParams(max_tokens=num_out, temperature=0.0, ignore_eos=True)
     for index, prompt in enumerate(prompts):
@@ -127,7 +133,7 @@ def run_workload(engine: Engine, prompts: list[list[int]], num_out: int, adapter
     while engine.has_unfinished_requests():
         timer.step()
     sync()
-    return len(prompts) * num_out / (time.perf_counter() - start), timer.step_s
+    return len(prompts) * num_out / (time.perf_counter() - start), timer
 
 
 def profile_decode_step(engine: Engine, prompts: list[list[int]], adapters: list[str]) -> tuple[float, list]:
@@ -247,14 +253,16 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
     for label, used in (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ()):
-        tok_s, step_s = run_workload(engine, prompts, output_len, used)
+        tok_s, timer = run_workload(engine, prompts, output_len, used)
         result[f"tok_s_{label}"] = round(tok_s, 1)
-        if step_s:
-            result[f"step_ms_{label}"] = round(statistics.median(step_s) * 1000, 3)
-        logger.info("%s: %.1f tok/s, %d full decode steps", label, tok_s, len(step_s))
+        if timer.step_s:
+            result[f"step_ms_{label}"] = round(statistics.median(timer.step_s) * 1000, 3)
+            result[f"step_cpu_ms_{label}"] = round(statistics.median(timer.cpu_s) * 1000, 3)
+        logger.info("%s: %.1f tok/s, %d full decode steps", label, tok_s, len(timer.step_s))
     if not cuda:
         result["host_step_ms"] = result.get("step_ms_16")
         result["host_step_ms_base"] = result.get("step_ms_base")
+        result["host_step_ratio"] = round(result["step_cpu_ms_16"] / result["step_cpu_ms_base"], 3)
     else:
         for label, used in (("base", []), ("16", names[:16])):
             busy_ms, top = profile_decode_step(engine, prompts, used)

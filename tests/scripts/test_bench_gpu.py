@@ -23,4 +23,5 @@ def test_quick_reports_the_host_step_with_and_without_adapters(tmp_path: Path) -
     assert result["host_step_ms"] == result["step_ms_16"] > 0
     assert result["host_step_ms_base"] == result["step_ms_base"] > 0
     assert result["tok_s_base"] > 0 and result["tok_s_16"] > 0
+    assert result["host_step_ratio"] == round(result["step_cpu_ms_16"] / result["step_cpu_ms_base"], 3)
     assert (tmp_path / "tiny" / "config.json").is_file()  # the random model, written once where it was asked
