@@ -268,8 +268,6 @@ def create_admin_key_locally(settings: Settings, database_url: str, name: str) -
         return asyncio.run(create(load_or_create_key_secret(settings.home, settings.key_secret)))
     except (SQLAlchemyError, OSError) as error:
         raise click.ClickException(f"cannot create the key in the database: {first_line(error)}") from None
-    except RuntimeError as error:  # e.g. the `admin` tenant was deleted
-        raise click.ClickException(first_line(error)) from None
     finally:
         root_logger.setLevel(level)
 
