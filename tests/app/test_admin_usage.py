@@ -72,7 +72,7 @@ class Seeded:
 
 async def seed(gateway: Gateway, events: list[Event]) -> Seeded:
     """Tenants, adapters and usage rows written straight to the tables, plus an admin and an inference key."""
-    admin = await make_tenant(gateway, "ops", scopes=("admin",))
+    admin = await make_tenant(gateway, "admin", scopes=("admin",))
     user = await make_tenant(gateway, "user")
     tenant_ids: dict[str, uuid.UUID] = {}
     adapter_ids: dict[tuple[str, str], uuid.UUID] = {}
@@ -261,7 +261,7 @@ async def test_csv_has_the_json_rows(gateway_settings, default_engine) -> None:
 )
 async def test_bad_parameters_are_400_naming_the_parameter(gateway_settings, default_engine, params, param) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         response = await client.get(USAGE, params=params, headers=admin.headers)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
@@ -271,7 +271,7 @@ async def test_bad_parameters_are_400_naming_the_parameter(gateway_settings, def
 
 async def test_a_range_of_366_days_is_allowed(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         response = await client.get(USAGE, params={"start": "2024-01-01", "end": "2024-12-31"}, headers=admin.headers)
         assert response.status_code == 200, response.text
 

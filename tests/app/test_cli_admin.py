@@ -43,7 +43,7 @@ def server(gateway_settings, default_engine) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def admin_key(server: LiveServer) -> str:
-    return server.run(make_tenant(server.gateway, "ops", scopes=("admin",))).key
+    return server.run(make_tenant(server.gateway, "admin", scopes=("admin",))).key
 
 
 def runner_for(url: str, admin_key: str | None) -> Loraplex:

@@ -77,7 +77,7 @@ def test_the_admin_console_in_a_real_browser(
     server: LiveServer, page: Page, tenant_adapters, default_engine, tmp_path_factory
 ) -> None:
     shots = screenshot_dir(tmp_path_factory)
-    admin = server.run(make_tenant(server.gateway, "ops", scopes=("admin",)))
+    admin = server.run(make_tenant(server.gateway, "admin", scopes=("admin",)))
     user = server.run(make_tenant(server.gateway, "someone"))
 
     # A key without the admin scope is refused at sign-in, in words.

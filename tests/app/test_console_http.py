@@ -50,7 +50,7 @@ async def test_every_page_and_action_needs_a_session(gateway_settings, default_e
 
 async def test_sign_in_takes_only_admin_keys_and_sign_out_ends_the_session(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         user = await make_tenant(gateway, "acme")
         refused = await sign_in(client, user.key)
         assert refused.status_code == 403 and "lacks the `admin` scope" in refused.text.replace("&#96;", "`")
@@ -76,7 +76,7 @@ async def test_sign_in_takes_only_admin_keys_and_sign_out_ends_the_session(gatew
 
 async def test_a_post_without_the_session_token_is_refused(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         token = await signed_in_token(client, admin.key)
         for data in ({"name": "forged"}, {"name": "forged", CSRF_FIELD: "x" * len(token)}):
             refused = await client.post("/console/tenants", data=data)
@@ -91,7 +91,7 @@ async def test_a_post_without_the_session_token_is_refused(gateway_settings, def
 
 async def test_console_changes_are_audited_as_the_api_audits_them(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         token = await signed_in_token(client, admin.key)
         created = await client.post("/console/tenants", data={CSRF_FIELD: token, "name": "acme", "rpm_limit": "60"})
         assert created.status_code == 303
@@ -117,7 +117,7 @@ async def test_console_changes_are_audited_as_the_api_audits_them(gateway_settin
 
 async def test_tenant_supplied_text_is_escaped_everywhere(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         token = await signed_in_token(client, admin.key)
         tenant = await make_tenant(gateway, "acme")
         made = await client.post(
@@ -143,7 +143,7 @@ async def test_console_is_off_with_its_setting(gateway_settings, default_engine)
 
 async def test_unknown_ids_and_bad_filters_are_errors_in_words(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         await signed_in_token(client, admin.key)
         missing = await client.get(f"/console/tenants/{uuid.uuid4()}")
         assert missing.status_code == 404 and "No tenant has the id" in missing.text
@@ -153,7 +153,7 @@ async def test_unknown_ids_and_bad_filters_are_errors_in_words(gateway_settings,
 
 async def test_suspend_resume_and_rotate_from_the_console(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         user = await make_tenant(gateway, "acme")
         token = await signed_in_token(client, admin.key)
         models = {"Authorization": f"Bearer {user.key}"}
