@@ -59,7 +59,7 @@ from sqlalchemy import select
 from app.adapters.store import register_adapter
 from app.admin.usage_service import MAX_DAYS
 from app.db.tables import ApiKey, Tenant
-from app.keys.service import Scope, create_api_key
+from app.keys.service import ADMIN_TENANT, Scope, create_api_key
 from app.openai.schemas import MAX_TOKEN_ID
 from app.services import Gateway
 
@@ -104,7 +104,7 @@ async def make_fuzz_setup(gateway: Gateway, model_folder: Path, adapter_folder: 
     keys: dict[str, str] = {}
     async with gateway.database.sessions() as session, session.begin():
         for scope in (Scope.INFERENCE, Scope.ADMIN):
-            tenant = Tenant(name=f"fuzz-{scope}")
+            tenant = Tenant(name=ADMIN_TENANT if scope == Scope.ADMIN else f"fuzz-{scope}")  # admin keys live there
             session.add(tenant)
             await session.flush()
             _, keys[scope] = await create_api_key(

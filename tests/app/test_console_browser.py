@@ -82,7 +82,7 @@ def test_the_admin_console_in_a_real_browser(
 
     # A key without the admin scope is refused at sign-in, in words.
     sign_in(page, server, user.key)
-    expect(page.get_by_role("alert")).to_contain_text("lacks the `admin` scope")
+    expect(page.get_by_role("alert")).to_contain_text("lacks the `admin` or `tenant-admin` scope")
     shoot(page, shots, "sign-in")
     sign_in(page, server, admin.key)
     expect(page).to_have_url(f"{server.url}/console/tenants")
