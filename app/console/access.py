@@ -19,9 +19,8 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.handlers import BaseRouteHandler
 
-from app.admin.guards import AdminCaller, authenticate_admin, check_access
+from app.admin.guards import CALLER_STATE, AdminCaller, authenticate_admin, check_access
 from app.console.sessions import ConsoleSession, ConsoleSessions, tokens_match
-from app.keys.authenticator import Principal
 from app.web.errors import AuthenticationError, PermissionDeniedError
 
 logger = logging.getLogger(__name__)
@@ -32,7 +31,6 @@ CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 PUBLIC = "console_public"  # handler opt: reachable without a session (the sign-in page and form)
 SESSION_STATE = "console_session"
-CALLER_STATE = "console_caller"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -114,15 +112,6 @@ async def _csrf_ok(connection: ASGIConnection, session: ConsoleSession) -> bool:
 
 def session_of(request: Request) -> ConsoleSession:
     return request.state[SESSION_STATE]
-
-
-def caller_of(request: Request) -> AdminCaller:
-    return request.state[CALLER_STATE]
-
-
-def admin_of(request: Request) -> Principal:
-    """The signed-in key: the actor the audit rows name."""
-    return caller_of(request).principal
 
 
 def home_of(caller: AdminCaller) -> str:

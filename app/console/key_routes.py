@@ -17,12 +17,12 @@ from litestar.datastructures import FormMultiDict
 from litestar.params import PathParameter
 
 from app.admin.adapters import TenantId
-from app.admin.guards import ACCESS, Access
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.keys import key_service
 from app.admin.schemas_tenants import KeyCreate, KeyRotate
 from app.admin.tenant_service import LIMIT_FIELDS
 from app.admin.tenants import tenant_service
-from app.console.access import admin_of, session_of
+from app.console.access import session_of
 from app.console.forms import FormError, convert, form_values
 from app.console.pages import render, see_other
 from app.keys.service import Scope, scope_refusal

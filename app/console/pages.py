@@ -10,8 +10,8 @@ from litestar.exceptions import HTTPException
 from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
+from app.admin.guards import CALLER_STATE
 from app.console.access import (
-    CALLER_STATE,
     CSRF_FIELD,
     SESSION_COOKIE,
     SESSION_STATE,

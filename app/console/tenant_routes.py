@@ -13,11 +13,11 @@ from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
 from app.admin.adapters import TenantId
-from app.admin.guards import ACCESS, Access
+from app.admin.guards import ACCESS, Access, admin_of, caller_of
 from app.admin.schemas_tenants import TenantCreate, TenantUpdate
 from app.admin.tenant_service import LIMIT_FIELDS
 from app.admin.tenants import tenant_service
-from app.console.access import admin_of, caller_of, home_of
+from app.console.access import home_of
 from app.console.forms import FormError, convert, form_values, limit_changes
 from app.console.pages import render, see_other
 from app.web.errors import ApiError
