@@ -96,6 +96,31 @@ async def ensure_admin_key(database: Database, key_secret: bytes, plaintext: str
     return True
 
 
+async def warn_of_void_admin_keys(database: Database) -> int:
+    """Log the live keys that hold `admin` outside the `admin` tenant (the API refuses them that scope); how many.
+
+    Earlier versions let any tenant's key hold it; such keys now administer nothing (the authenticator does not
+    count the scope), and this warning at each start says which they are and what to do.
+    """
+    query = (
+        select(ApiKey.prefix, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(any_(ApiKey.scopes) == Scope.ADMIN, Tenant.name != ADMIN_TENANT, ApiKey.revoked_at.is_(None))
+        .order_by(Tenant.name, ApiKey.prefix)
+    )
+    async with database.sessions() as session:
+        void = (await session.execute(query)).all()
+    if void:
+        logger.warning(
+            "%d API key(s) hold the `admin` scope outside the `%s` tenant, where it counts for nothing: %s. Revoke "
+            "them (`loraplex keys revoke KEY_ID`), and give each tenant that needs one a `tenant-admin` key.",
+            len(void),
+            ADMIN_TENANT,
+            ", ".join(f"{prefix} of {tenant}" for prefix, tenant in void),
+        )
+    return len(void)
+
+
 async def _admin_tenant(session: AsyncSession) -> Tenant:
     """The active `admin` tenant, created or made active again (with its audit row) when needed.
 

@@ -11,6 +11,7 @@ from litestar import get
 from sqlalchemy import func, select
 
 from app.admin import routes as admin_routes
+from app.admin.first_admin import warn_of_void_admin_keys
 from app.admin.guards import ACCESS, Access, UndeclaredAccessError, declared_access
 from app.console.access import PUBLIC
 from app.console.router import CONSOLE_ROUTES
@@ -147,7 +148,9 @@ async def test_every_admin_route_refuses_inference_keys_and_other_tenants_admins
             assert (await session.get(Adapter, ids["adapter_id"])).status == "ready"
 
 
-async def test_an_admin_key_outside_the_admin_tenant_administers_nothing(gateway_settings, default_engine) -> None:
+async def test_an_admin_key_outside_the_admin_tenant_administers_nothing(
+    gateway_settings, default_engine, caplog
+) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         admin, _ = await make_admin(gateway)
         acme = await make_tenant(gateway, "acme")
@@ -181,6 +184,9 @@ async def test_an_admin_key_outside_the_admin_tenant_administers_nothing(gateway
             error = assert_error(await call(client, method, path, legacy.headers, body), 403)
             assert "only keys of the `admin` tenant may hold it" in error["message"], (method, path)
         assert (await client.get(MODELS, headers=legacy.headers)).status_code == 200  # its other scope still holds
+        # Each start names such keys in the log, with what to do.
+        assert await warn_of_void_admin_keys(gateway.database) == 1
+        assert f"{legacy.key[:12]} of acme" in caplog.text and "tenant-admin" in caplog.text
 
         async with gateway.database.sessions() as session:
             names = set(await session.scalars(select(ApiKey.name)))
