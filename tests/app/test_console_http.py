@@ -10,11 +10,13 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from app.admin.guards import ACCESS, Access
 from app.console.access import CSRF_FIELD, SESSION_COOKIE
-from app.db.tables import ApiKey, AuditLog, Tenant
+from app.db.tables import Adapter, ApiKey, AuditLog, Tenant
 from app.services import Gateway
 from tests.app.console_helpers import csrf_token, sign_in, signed_in_token
 from tests.app.gateway_fixtures import gateway_client, make_tenant
+from tests.app.test_admin_access import fake_adapter
 
 pytestmark = pytest.mark.anyio
 
@@ -256,3 +258,37 @@ async def test_a_tenant_admin_sees_and_changes_only_its_own_tenant(gateway_setti
         assert [(row.action, row.actor_key_id, row.actor_tenant_id) for row in rows] == [
             ("key.create", keys[0].id, acme.tenant_id)
         ]
+
+
+async def test_every_console_page_refuses_another_tenants_admin(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        acme = await make_tenant(gateway, "acme")
+        globex = await make_tenant(gateway, "globex", scopes=("tenant-admin",))
+        async with gateway.database.sessions() as session:
+            acme_key = await session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == acme.tenant_id))
+        ids = {
+            "tenant_id": acme.tenant_id,
+            "key_id": acme_key,
+            "adapter_id": await fake_adapter(gateway, acme.tenant_id),
+        }
+        signed_in = await sign_in(client, globex.key)
+        token = csrf_token((await client.get(signed_in.headers["location"])).text)
+        checked = 0
+        for route in client._transport.app.routes:  # type: ignore[attr-defined]
+            if not route.path.startswith("/console") or route.path.startswith(("/console/static", "/console/sign-in")):
+                continue
+            for method, (handler, _) in route.route_handler_map.items():
+                if method in ("HEAD", "OPTIONS"):
+                    continue
+                access = Access(handler.opt[ACCESS])
+                path = re.sub(r"\{(\w+):uuid\}", lambda m: str(ids[m[1]]), route.path)
+                if access is Access.OWN_TENANT:  # names the tenant in its query instead
+                    path = f"{path}?tenant_id={acme.tenant_id}"
+                response = await client.request(method, path, data={CSRF_FIELD: token, "name": "x", "pinned": "true"})
+                assert response.status_code == (403 if access is Access.PLATFORM else 404), (method, path)
+                checked += 1
+        assert checked >= 18
+        assert (await client.get("/v1/models", headers=acme.headers)).status_code == 200
+        async with gateway.database.sessions() as session:
+            assert list(await session.scalars(select(AuditLog))) == []
+            assert (await session.get(Adapter, ids["adapter_id"])).status == "ready"
