@@ -26,6 +26,7 @@ from enum import StrEnum
 
 from litestar import Request
 from litestar.connection import ASGIConnection
+from litestar.enums import HttpMethod
 from litestar.handlers import BaseRouteHandler
 from sqlalchemy import select
 
@@ -97,6 +98,16 @@ def declared_access(handler: BaseRouteHandler) -> Access:
     return access
 
 
+def lists_methods_only(handler: BaseRouteHandler) -> bool:
+    """Litestar's own OPTIONS handler of a path, which answers its allowed methods and nothing else.
+
+    It declares no rule (Litestar makes it, not a route module) and is served to anyone, as the OpenAPI
+    schema is; a route module's own handlers are all checked by ``declared_access`` when the router is built.
+    """
+    methods = getattr(handler, "http_methods", set())
+    return methods == {HttpMethod.OPTIONS} and ACCESS not in handler.opt
+
+
 def owner_parameter(path: str) -> str | None:
     """The path parameter naming the tenant's record in ``path``, if it has one."""
     return next((name for name in PATH_PARAMETER.findall(path) if name in OWNED_RECORDS), None)
@@ -133,6 +144,8 @@ async def check_access(connection: ASGIConnection, handler: BaseRouteHandler, ca
 
 async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """Litestar guard of the admin router: the key, then the route's rule; the caller is kept for the handler."""
+    if lists_methods_only(handler):
+        return
     caller = await authenticate_admin(connection, connection.headers.get("authorization"))
     await check_access(connection, handler, caller)
     connection.state[CALLER_STATE] = caller

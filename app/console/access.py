@@ -19,7 +19,7 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.handlers import BaseRouteHandler
 
-from app.admin.guards import CALLER_STATE, AdminCaller, authenticate_admin, check_access
+from app.admin.guards import CALLER_STATE, AdminCaller, authenticate_admin, check_access, lists_methods_only
 from app.console.sessions import ConsoleSession, ConsoleSessions, tokens_match
 from app.web.errors import AuthenticationError, PermissionDeniedError
 
@@ -79,7 +79,7 @@ def sign_in_cookie(connection: ASGIConnection, token: str | None) -> Cookie:
 
 async def console_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """Litestar guard of every console route: a live session, its CSRF token on a POST, the page's access rule."""
-    if handler.opt.get(PUBLIC):
+    if handler.opt.get(PUBLIC) or lists_methods_only(handler):
         return
     sessions = sessions_of(connection)
     session = sessions.find(connection.cookies.get(SESSION_COOKIE))

@@ -141,6 +141,10 @@ async def test_every_admin_route_refuses_inference_keys_and_other_tenants_admins
                 r"[0-9a-f-]{36}", "ID", nobodys["message"]
             )
 
+        # Litestar's own OPTIONS answers (a path's methods) stay open to anyone, as the OpenAPI schema is.
+        for headers in ({}, acme.headers, globex.headers):
+            listed = await client.options(f"/admin/tenants/{acme.tenant_id}/keys", headers=headers)
+            assert listed.status_code == 204 and "POST" in listed.headers["allow"]
         assert (await client.get(MODELS, headers=acme.headers)).status_code == 200  # not revoked, not rotated
         assert await audit_rows(gateway) == []
         async with gateway.database.sessions() as session:
