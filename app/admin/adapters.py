@@ -248,7 +248,8 @@ async def delete_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
     opt=PLATFORM,
     status_code=200,
     summary="Load an adapter into the engine",
-    description="Registers it in the engine now, so its first request does not read it from disk.",
+    description="Registers it in the engine now, so its first request does not read it from disk. An `admin` key's "
+    "work: the engine's memory serves every tenant.",
     tags=["admin"],
     responses=_responses((200, AdapterOut, "The adapter, loaded."), *ADMIN_ERRORS, NO_ADAPTER),
 )
@@ -263,7 +264,8 @@ async def load_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
     summary="Unload an adapter from the engine",
     description=(
         "Removes it from the engine's memory (its next request loads it again). While requests use it, waits up "
-        "to 5 s for them, then answers 409 saying how many requests use it; nothing is aborted."
+        "to 5 s for them, then answers 409 saying how many requests use it; nothing is aborted. An `admin` key's "
+        "work: the engine's memory serves every tenant."
     ),
     tags=["admin"],
     responses=_responses(
