@@ -11,7 +11,7 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
-from app.admin.routes import ADMIN_ROUTES
+from app.admin.routes import admin_router
 from app.api_docs.schema import complete_openapi_schema
 from app.console.router import console_router, console_static_router, console_templates
 from app.console.sessions import ConsoleSessions
@@ -37,7 +37,7 @@ def create_app(
     settings = settings or Settings.from_env()
     console_routes = [console_router(), console_static_router()] if settings.console else []
     app = Litestar(
-        route_handlers=[*CHAT_ROUTES, *RESPONSES_ROUTES, *OPS_ROUTES, *ADMIN_ROUTES, *console_routes],
+        route_handlers=[*CHAT_ROUTES, *RESPONSES_ROUTES, *OPS_ROUTES, admin_router(), *console_routes],
         template_config=console_templates() if settings.console else None,
         lifespan=[gateway_lifespan(settings, engine, demo_adapters)],
         middleware=[DefineMiddleware(RequestIdMiddleware)],

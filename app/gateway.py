@@ -20,7 +20,7 @@ from sqlalchemy import make_url
 from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
 from app.admin.adapter_service import AdapterService
-from app.admin.first_admin import ensure_admin_key
+from app.admin.first_admin import ensure_admin_key, warn_of_void_admin_keys
 from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres
@@ -165,6 +165,7 @@ async def run_gateway(
             demo = await ensure_demo_tenant(database, engine, settings.home, key_secret, demo_adapters or {})
         if settings.admin_key:
             await ensure_admin_key(database, key_secret, settings.admin_key)
+        await warn_of_void_admin_keys(database)
         response_store = ResponseStore(database, timedelta(days=settings.response_retention_days))
         sweeper = ResponseSweeper(response_store)
         sweeper.start()

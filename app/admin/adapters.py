@@ -1,4 +1,8 @@
-"""Admin routes for adapters (docs/admin.md): each handler guards, decodes, delegates to AdapterService, answers."""
+"""Admin routes for adapters (docs/admin.md): each handler decodes, delegates to AdapterService, answers.
+
+Upload, list, read, pin and delete are Access.TENANT (a tenant admin's own adapters); load and unload, which
+manage the engine's memory for every tenant, are the platform's.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from litestar.params import PathParameter
 
 from app.admin.adapter_service import AdapterService
 from app.admin.adapter_uploads import ADAPTER_NAME
-from app.admin.guards import require_admin
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
 from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.services import gateway_of
@@ -72,8 +76,10 @@ def _responses(
 
 ADMIN_ERRORS = (
     (401, "You didn't provide an API key.", "invalid_api_key"),
-    (403, "This key lacks the `admin` scope.", "insufficient_permissions"),
+    (403, "The API key lpx_ab12cd34 lacks the `admin` or `tenant-admin` scope ...", "insufficient_permissions"),
 )
+TENANT = {ACCESS: Access.TENANT}
+PLATFORM = {ACCESS: Access.PLATFORM}
 NO_ADAPTER = (404, "No adapter has the id 0b3f6c0e-5d0a-4f1e-9a51-6a3b2f4c8d11.", "not_found")
 TOO_LARGE = (413, "The request body is larger than the limit of 4096 KiB ...", "request_too_large")
 
@@ -162,7 +168,8 @@ UPLOAD_EXAMPLE = Example(
 
 
 @post(
-    "/admin/tenants/{tenant_id:uuid}/adapters",
+    "/tenants/{tenant_id:uuid}/adapters",
+    opt=TENANT,
     status_code=201,
     summary="Upload an adapter for a tenant",
     description=(
@@ -190,14 +197,14 @@ UPLOAD_EXAMPLE = Example(
     ),
 )
 async def upload_adapter(request: Request, tenant_id: TenantId) -> AdapterOut:
-    principal = await require_admin(request)
     return await adapter_service(request).upload(
-        principal, tenant_id, request.stream(), request.headers.get("content-type"), request.content_length
+        admin_of(request), tenant_id, request.stream(), request.headers.get("content-type"), request.content_length
     )
 
 
 @get(
-    "/admin/tenants/{tenant_id:uuid}/adapters",
+    "/tenants/{tenant_id:uuid}/adapters",
+    opt=TENANT,
     summary="List a tenant's adapters",
     description="The tenant's live (not deleted) adapters, oldest first, with whether the engine holds each now.",
     tags=["admin"],
@@ -208,24 +215,24 @@ async def upload_adapter(request: Request, tenant_id: TenantId) -> AdapterOut:
     ),
 )
 async def list_adapters(request: Request, tenant_id: TenantId) -> AdapterList:
-    await require_admin(request)
     return await adapter_service(request).list_for_tenant(tenant_id)
 
 
 @get(
-    "/admin/adapters/{adapter_id:uuid}",
+    "/adapters/{adapter_id:uuid}",
+    opt=TENANT,
     summary="Get an adapter",
     description="Any adapter, deleted ones included (status `deleted`).",
     tags=["admin"],
     responses=_responses((200, AdapterOut, "The adapter."), *ADMIN_ERRORS, NO_ADAPTER),
 )
 async def get_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
-    await require_admin(request)
     return await adapter_service(request).get(adapter_id)
 
 
 @delete(
-    "/admin/adapters/{adapter_id:uuid}",
+    "/adapters/{adapter_id:uuid}",
+    opt=TENANT,
     status_code=200,
     summary="Delete an adapter",
     description=(
@@ -236,30 +243,32 @@ async def get_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
     responses=_responses((200, AdapterOut, "The adapter, status `deleted`."), *ADMIN_ERRORS, NO_ADAPTER),
 )
 async def delete_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
-    principal = await require_admin(request)
-    return await adapter_service(request).delete(principal, adapter_id)
+    return await adapter_service(request).delete(admin_of(request), adapter_id)
 
 
 @post(
-    "/admin/adapters/{adapter_id:uuid}/load",
+    "/adapters/{adapter_id:uuid}/load",
+    opt=PLATFORM,
     status_code=200,
     summary="Load an adapter into the engine",
-    description="Registers it in the engine now, so its first request does not read it from disk.",
+    description="Registers it in the engine now, so its first request does not read it from disk. An `admin` key's "
+    "work: the engine's memory serves every tenant.",
     tags=["admin"],
     responses=_responses((200, AdapterOut, "The adapter, loaded."), *ADMIN_ERRORS, NO_ADAPTER),
 )
 async def load_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
-    principal = await require_admin(request)
-    return await adapter_service(request).load(principal, adapter_id)
+    return await adapter_service(request).load(admin_of(request), adapter_id)
 
 
 @post(
-    "/admin/adapters/{adapter_id:uuid}/unload",
+    "/adapters/{adapter_id:uuid}/unload",
+    opt=PLATFORM,
     status_code=200,
     summary="Unload an adapter from the engine",
     description=(
         "Removes it from the engine's memory (its next request loads it again). While requests use it, waits up "
-        "to 5 s for them, then answers 409 saying how many requests use it; nothing is aborted."
+        "to 5 s for them, then answers 409 saying how many requests use it; nothing is aborted. An `admin` key's "
+        "work: the engine's memory serves every tenant."
     ),
     tags=["admin"],
     responses=_responses(
@@ -270,12 +279,12 @@ async def load_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
     ),
 )
 async def unload_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
-    principal = await require_admin(request)
-    return await adapter_service(request).unload(principal, adapter_id)
+    return await adapter_service(request).unload(admin_of(request), adapter_id)
 
 
 @post(
-    "/admin/adapters/{adapter_id:uuid}/pin",
+    "/adapters/{adapter_id:uuid}/pin",
+    opt=TENANT,
     status_code=200,
     summary="Pin or unpin an adapter",
     description=(
@@ -293,9 +302,8 @@ async def unload_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
     ),
 )
 async def pin_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
-    principal = await require_admin(request)
     body = decode_pin(await request.body())
-    return await adapter_service(request).pin(principal, adapter_id, body.pinned)
+    return await adapter_service(request).pin(admin_of(request), adapter_id, body.pinned)
 
 
 ADAPTER_ROUTES = [upload_adapter, list_adapters, get_adapter, delete_adapter, load_adapter, unload_adapter, pin_adapter]

@@ -25,12 +25,14 @@ def record_change(
 ) -> None:
     """Add the audit row to ``session``; it commits with the change it describes, or not at all.
 
-    ``actor`` None is a change made from the machine itself (``loraplex admin create-key``, first start).
+    The row names the actor's key and its tenant (a platform admin's is the `admin` tenant, a tenant admin's
+    its own); ``actor`` None is a change made from the machine itself (``loraplex admin create-key``, first start).
     ``before`` and ``after`` must be JSON-serialisable and never hold a secret.
     """
     session.add(
         AuditLog(
             actor_key_id=None if actor is None else actor.key_id,
+            actor_tenant_id=None if actor is None else actor.tenant_id,
             action=action,
             target_type=target_type,
             target_id=None if target_id is None else str(target_id),
@@ -38,4 +40,5 @@ def record_change(
             after=after,
         )
     )
-    logger.info("audit: %s %s %s by %s", action, target_type, target_id, "local" if actor is None else actor.key_id)
+    by = "this machine" if actor is None else f"key {actor.key_id} of tenant {actor.tenant_name} ({actor.tenant_id})"
+    logger.info("audit: %s %s %s by %s", action, target_type, target_id, by)

@@ -1,7 +1,8 @@
 """The first admin key, made on the machine itself: by ``loraplex admin create-key`` or from LORAPLEX_ADMIN_KEY.
 
-Both put the key in the tenant named ``admin`` (created when missing, enabled again when disabled) and
-write audit rows with no actor (a change made locally, not through the API).
+Both put the key in the tenant named ``admin``, the only tenant whose keys may hold the `admin` scope
+(created when missing, made active again when disabled or deleted), and write audit rows with no actor (a
+change made locally, not through the API).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.admin.audit import record_change
 from app.admin.key_service import API_KEY, key_out, store_api_key
 from app.admin.schemas_tenants import TenantCreate
-from app.admin.tenant_service import DELETED, TENANT, add_tenant, audit_view, tenant_out
+from app.admin.tenant_service import TENANT, add_tenant, audit_view, tenant_out
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.keys.secrets import (
@@ -26,12 +27,11 @@ from app.keys.secrets import (
     hash_api_key,
     key_prefix,
 )
-from app.keys.service import Scope, create_api_key
+from app.keys.service import ADMIN_TENANT, Scope, create_api_key
 from app.settings import SettingsError
 
 logger = logging.getLogger(__name__)
 
-ADMIN_TENANT = "admin"
 ADMIN_KEY_ENV = "LORAPLEX_ADMIN_KEY"
 # Serialises first starts of several gateways on one database, so only one of them stores the key.
 ADMIN_KEY_LOCK_ID = 0x6C70785F61646D  # "lpx_adm"; any constant distinct from other advisory locks
@@ -39,10 +39,6 @@ ADMIN_KEY_LOCK_ID = 0x6C70785F61646D  # "lpx_adm"; any constant distinct from ot
 
 class AdminKeyError(SettingsError):
     """LORAPLEX_ADMIN_KEY is not a loraplex key."""
-
-
-class AdminTenantDeletedError(RuntimeError):
-    """The `admin` tenant was deleted, so no admin key can be made in it."""
 
 
 async def create_admin_key(database: Database, key_secret: bytes, name: str = "admin") -> str:
@@ -60,7 +56,7 @@ async def create_admin_key(database: Database, key_secret: bytes, name: str = "a
 async def ensure_admin_key(database: Database, key_secret: bytes, plaintext: str) -> bool:
     """Store `plaintext` (LORAPLEX_ADMIN_KEY) as an admin key if no usable admin key exists; True if stored.
 
-    Usable: not revoked, not expired, of an active tenant. A value stored before is never stored again, so
+    Usable: not revoked, not expired, of the active `admin` tenant. A value stored before is never stored again, so
     revoking it (or rotating it away) sticks across restarts. Raises AdminKeyError for a malformed value.
     """
     try:
@@ -100,24 +96,47 @@ async def ensure_admin_key(database: Database, key_secret: bytes, plaintext: str
     return True
 
 
+async def warn_of_void_admin_keys(database: Database) -> int:
+    """Log the live keys that hold `admin` outside the `admin` tenant (the API refuses them that scope); how many.
+
+    Earlier versions let any tenant's key hold it; such keys now administer nothing (the authenticator does not
+    count the scope), and this warning at each start says which they are and what to do.
+    """
+    query = (
+        select(ApiKey.prefix, Tenant.name)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(any_(ApiKey.scopes) == Scope.ADMIN, Tenant.name != ADMIN_TENANT, ApiKey.revoked_at.is_(None))
+        .order_by(Tenant.name, ApiKey.prefix)
+    )
+    async with database.sessions() as session:
+        void = (await session.execute(query)).all()
+    if void:
+        logger.warning(
+            "%d API key(s) hold the `admin` scope outside the `%s` tenant, where it counts for nothing: %s. Revoke "
+            "them (`loraplex keys revoke KEY_ID`), and give each tenant that needs one a `tenant-admin` key.",
+            len(void),
+            ADMIN_TENANT,
+            ", ".join(f"{prefix} of {tenant}" for prefix, tenant in void),
+        )
+    return len(void)
+
+
 async def _admin_tenant(session: AsyncSession) -> Tenant:
-    """The active `admin` tenant, created or enabled again (with its audit row) when needed."""
+    """The active `admin` tenant, created or made active again (with its audit row) when needed.
+
+    The API refuses to disable or delete it; a database where it was done before gets it back here, its old
+    keys still revoked.
+    """
     tenant = await session.scalar(select(Tenant).where(Tenant.name == ADMIN_TENANT).with_for_update())
     if tenant is None:
         return await add_tenant(session, None, TenantCreate(name=ADMIN_TENANT))
-    if tenant.status == DELETED:
-        raise AdminTenantDeletedError(
-            f"The `{ADMIN_TENANT}` tenant ({tenant.id}) was deleted, and admin keys made here go into it. Create an "
-            "admin key in another tenant with an existing admin key: POST /admin/tenants/{tenant_id}/keys with "
-            '{"name": "admin", "scopes": ["admin"]}.'
-        )
     if tenant.status != "active":
         before = tenant_out(tenant)
         tenant.status = "active"
         await session.flush()
         after = tenant_out(tenant)
         record_change(session, None, "tenant.update", TENANT, tenant.id, audit_view(before), audit_view(after))
-        logger.warning("the `%s` tenant was disabled; enabled it again for its new admin key", ADMIN_TENANT)
+        logger.warning("the `%s` tenant was %s; it is active again for its new admin key", ADMIN_TENANT, before.status)
     return tenant
 
 
@@ -131,6 +150,7 @@ async def _usable_admin_keys(session: AsyncSession) -> int:
             ApiKey.revoked_at.is_(None),
             or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > datetime.now(UTC)),
             Tenant.status == "active",
+            Tenant.name == ADMIN_TENANT,  # the only tenant whose keys' `admin` scope is valid
         )
     )
     return await session.scalar(query) or 0

@@ -1,4 +1,7 @@
-"""Admin routes for API keys (docs/admin.md); the logic is in app/admin/key_service.py."""
+"""Admin routes for API keys (docs/admin.md); the logic is in app/admin/key_service.py.
+
+Each is Access.TENANT: a platform admin manages any tenant's keys, a tenant admin its own tenant's.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from litestar import Request, delete, get, patch, post
 from litestar.openapi.spec import Example
 from litestar.params import Body, Parameter
 
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.key_service import KeyService
 from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
-from app.admin.tenants import TenantId, admin_of, admin_only
+from app.admin.tenants import TenantId
 from app.services import gateway_of
 from app.web.json_body import strict_json
 from app.web.responses import error_responses
@@ -25,11 +29,13 @@ def key_service(request: Request) -> KeyService:
 
 
 @post(
-    "/admin/tenants/{tenant_id:uuid}/keys",
-    guards=[admin_only],
+    "/tenants/{tenant_id:uuid}/keys",
+    opt={ACCESS: Access.TENANT},
     summary="Create an API key",
     description="Issues a key for the tenant. The response's `key` is the plaintext, shown this once and stored "
-    "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default) and `admin` (this API). "
+    "nowhere: hand it over now. Scopes: `inference` (the OpenAI API, the default), `admin` (this API for every "
+    "tenant; keys of the `admin` tenant only) and `tenant-admin` (this API for its own tenant's keys, adapters and "
+    "usage; keys of any other tenant). A scope the tenant's keys cannot hold is a 400 saying why. "
     "Limits set on the key narrow the tenant's for this key; the tenant's still hold across all its keys.",
     tags=["admin"],
     before_request=strict_json(KeyCreate),
@@ -59,8 +65,8 @@ async def create_key(
 
 
 @get(
-    "/admin/tenants/{tenant_id:uuid}/keys",
-    guards=[admin_only],
+    "/tenants/{tenant_id:uuid}/keys",
+    opt={ACCESS: Access.TENANT},
     summary="List a tenant's API keys",
     description="The tenant's keys, revoked ones included, oldest first: prefixes only, never a secret.",
     tags=["admin"],
@@ -71,8 +77,8 @@ async def list_keys(request: Request, tenant_id: TenantId) -> KeyList:
 
 
 @patch(
-    "/admin/keys/{key_id:uuid}",
-    guards=[admin_only],
+    "/keys/{key_id:uuid}",
+    opt={ACCESS: Access.TENANT},
     summary="Change an API key's limits",
     description="Changes the limits given and keeps the others; a limit set to null leaves only the tenant's. "
     "Changes hold within a second. A revoked key cannot be changed (409).",
@@ -98,8 +104,8 @@ async def update_key(
 
 
 @delete(
-    "/admin/keys/{key_id:uuid}",
-    guards=[admin_only],
+    "/keys/{key_id:uuid}",
+    opt={ACCESS: Access.TENANT},
     status_code=200,
     summary="Revoke an API key",
     description="The key is refused within a second. Revoking a revoked key changes nothing.",
@@ -111,8 +117,8 @@ async def revoke_key(request: Request, key_id: KeyId) -> KeyOut:
 
 
 @post(
-    "/admin/keys/{key_id:uuid}/rotate",
-    guards=[admin_only],
+    "/keys/{key_id:uuid}/rotate",
+    opt={ACCESS: Access.TENANT},
     summary="Rotate an API key",
     description="Issues a new key with the same tenant, name and scopes (plaintext in `key`, shown once). The old key "
     "keeps working for `grace_period_s` seconds (default 3600, at most 30 days), or until its own earlier expiry. "

@@ -63,7 +63,7 @@ ExpiresAt = Annotated[
         }
     ),
 ]
-KeyScope = Literal["inference", "admin"]
+KeyScope = Literal["inference", "admin", "tenant-admin"]
 TenantStatus = Literal["active", "disabled", "deleted"]
 
 

@@ -13,8 +13,8 @@ committed, so a disabled or deleted tenant's keys are refused from the very next
 also announced to the other replicas (``app/adapters/announcements.py``), which forget its keys and retire
 its adapters at once; other changes reach them within their one-second cache.
 
-A caller cannot disable or delete its own tenant: that would revoke the key it is using and could leave
-nobody able to administer the server.
+The `admin` tenant cannot be disabled, deleted or renamed: it holds the platform's admin keys (the `admin`
+scope is valid on its keys only), so any of these would leave nobody able to administer the server.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, Tenan
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, StoredResponse, Tenant
 from app.keys.authenticator import Authenticator, Principal
+from app.keys.service import ADMIN_TENANT
 from app.web.errors import ConflictError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -139,8 +140,9 @@ class TenantService:
             if not changes:
                 return before
             if changes.get("status") == "disabled":
-                _refuse_own_tenant(actor, tenant, "disable")
+                _refuse_admin_tenant(tenant, "disabled")
             if "name" in changes:
+                _refuse_admin_tenant(tenant, "renamed")
                 await _refuse_taken_name(session, changes["name"])
             for name, value in changes.items():
                 setattr(tenant, name, value)
@@ -161,7 +163,7 @@ class TenantService:
             tenant = await lock_tenant(session, tenant_id)
             if tenant.status == DELETED:
                 return tenant_out(tenant)
-            _refuse_own_tenant(actor, tenant, "delete")
+            _refuse_admin_tenant(tenant, "deleted")
             before = tenant_out(tenant)
             now = datetime.now(UTC)
             revoked_key_ids = list(
@@ -236,9 +238,9 @@ def _name_taken(name: str) -> ConflictError:
     )
 
 
-def _refuse_own_tenant(actor: Principal, tenant: Tenant, verb: str) -> None:
-    if tenant.id == actor.tenant_id:
+def _refuse_admin_tenant(tenant: Tenant, done: str) -> None:
+    if tenant.name == ADMIN_TENANT:
         raise ConflictError(
-            f"You cannot {verb} the tenant `{tenant.name}` with one of its own keys: that would lock this key out. "
-            "Use an admin key of another tenant (`loraplex admin create-key` makes one in the `admin` tenant)."
+            f"The `{ADMIN_TENANT}` tenant cannot be {done}: it holds the platform's admin keys, and the `admin` "
+            "scope is valid on its keys only. Revoke single admin keys instead (DELETE /admin/keys/{key_id})."
         )

@@ -1,7 +1,7 @@
 """Admin routes for tenants (docs/admin.md); the logic is in app/admin/tenant_service.py.
 
-Every route checks the caller's key with the ``admin_only`` guard, which runs before the body is read:
-a caller without an admin key gets its 401 or 403 whatever it sent, and learns nothing about the body.
+Creating, listing, changing and deleting tenants is the platform's (Access.PLATFORM); a tenant admin may read
+its own tenant's record (Access.TENANT). The admin router's guard checks the key before the body is read.
 """
 
 from __future__ import annotations
@@ -10,30 +10,18 @@ import uuid
 from typing import Annotated
 
 from litestar import Request, delete, get, patch, post
-from litestar.connection import ASGIConnection
-from litestar.handlers import BaseRouteHandler
 from litestar.openapi.spec import Example
 from litestar.params import Body, Parameter
 
-from app.admin.guards import require_admin
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.admin.tenant_service import TenantService
-from app.keys.authenticator import Principal
 from app.services import gateway_of
 from app.web.json_body import strict_json
 from app.web.responses import error_responses
 
-ADMIN_STATE = "admin"  # where admin_only leaves the caller, in the request's state
-
-
-async def admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """Litestar guard: 401/403 unless the key has the `admin` scope; the caller is kept for the handler."""
-    connection.state[ADMIN_STATE] = await require_admin(connection)  # type: ignore[arg-type]  # uses only headers
-
-
-def admin_of(request: Request) -> Principal:
-    """The caller that ``admin_only`` let through."""
-    return request.state[ADMIN_STATE]
+PLATFORM = {ACCESS: Access.PLATFORM}
+TENANT = {ACCESS: Access.TENANT}
 
 
 def tenant_service(request: Request) -> TenantService:
@@ -45,8 +33,8 @@ TenantId = Annotated[uuid.UUID, Parameter(description="The tenant's id, as its c
 
 
 @post(
-    "/admin/tenants",
-    guards=[admin_only],
+    "/tenants",
+    opt=PLATFORM,
     summary="Create a tenant",
     description="Creates an active tenant. Limits left out or null are unlimited. A name already used, also by a "
     "deleted tenant, is a 409.",
@@ -74,8 +62,8 @@ async def create_tenant(
 
 
 @get(
-    "/admin/tenants",
-    guards=[admin_only],
+    "/tenants",
+    opt=PLATFORM,
     summary="List tenants",
     description="Every tenant, ordered by name; deleted tenants only with `include_deleted=true`.",
     tags=["admin"],
@@ -89,10 +77,10 @@ async def list_tenants(
 
 
 @get(
-    "/admin/tenants/{tenant_id:uuid}",
-    guards=[admin_only],
+    "/tenants/{tenant_id:uuid}",
+    opt=TENANT,
     summary="Get a tenant",
-    description="One tenant, deleted or not; 404 for an unknown id.",
+    description="One tenant, deleted or not; 404 for an unknown id. A `tenant-admin` key reads its own tenant.",
     tags=["admin"],
     responses=error_responses(401, 403, 404),
 )
@@ -101,8 +89,8 @@ async def get_tenant(request: Request, tenant_id: TenantId) -> TenantOut:
 
 
 @patch(
-    "/admin/tenants/{tenant_id:uuid}",
-    guards=[admin_only],
+    "/tenants/{tenant_id:uuid}",
+    opt=PLATFORM,
     summary="Change a tenant",
     description="Changes the fields given and keeps the others; a limit set to null becomes unlimited. Limits and "
     "`fair_share_weight` hold within a second. "
@@ -131,8 +119,8 @@ async def update_tenant(
 
 
 @delete(
-    "/admin/tenants/{tenant_id:uuid}",
-    guards=[admin_only],
+    "/tenants/{tenant_id:uuid}",
+    opt=PLATFORM,
     status_code=200,
     summary="Delete a tenant",
     description="Marks the tenant deleted (its row and usage stay for billing), revokes its keys and deletes its "

@@ -12,7 +12,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import QueryParameter
 
-from app.admin.guards import require_admin
+from app.admin.guards import ACCESS, Access, caller_of
 from app.admin.usage_service import (
     DEFAULT_DAYS,
     MAX_DAYS,
@@ -58,13 +58,15 @@ EXAMPLE_REPORT = UsageReport(
 
 
 @get(
-    "/admin/usage",
+    "/usage",
+    opt={ACCESS: Access.OWN_TENANT},
     summary="Usage per day, tenant and adapter",
     description=(
         "Rows of the `usage_daily` view (UTC days, both bounds included) with the names of their tenants and "
         f"adapters, ordered by day, tenant name and model. Without dates: the last {DEFAULT_DAYS} days up to today; "
         f"at most {MAX_DAYS} days per request. `format=csv` answers `text/csv` as a download, a header line of the "
-        "same columns as the JSON rows, then one line per row. Needs a key with the `admin` scope."
+        "same columns as the JSON rows, then one line per row. A `tenant-admin` key gets its own tenant's rows only "
+        "(a `tenant_id` naming another tenant is a 404)."
     ),
     tags=["admin"],
     responses={
@@ -74,7 +76,7 @@ EXAMPLE_REPORT = UsageReport(
             description="The usage rows (JSON; `format=csv` gives the same rows as CSV)",
             examples=[Example(summary="One tenant's adapter on one day", value=msgspec.to_builtins(EXAMPLE_REPORT))],
         ),
-        **{status: ERROR_RESPONSES[status] for status in (400, 401, 403)},
+        **{status: ERROR_RESPONSES[status] for status in (400, 401, 403, 404)},
     },
 )
 async def get_usage(
@@ -85,9 +87,8 @@ async def get_usage(
     adapter_id: AdapterParam = None,
     output_format: FormatParam = None,
 ) -> Response:
-    await require_admin(request)
     params = {"start": start, "end": end, "tenant_id": tenant_id, "adapter_id": adapter_id, "format": output_format}
-    query = UsageQuery.parse(params)
+    query = UsageQuery.parse(params).within(caller_of(request).tenant_scope)
     return _respond(await usage_report(gateway_of(request).database, query), query)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
 import uuid
@@ -113,6 +114,10 @@ class UsageQuery:
             adapter_id=_uuid(params, "adapter_id"),
             format=output_format,
         )
+
+    def within(self, tenant_scope: uuid.UUID | None) -> UsageQuery:
+        """This query narrowed to ``tenant_scope``'s rows (a tenant admin's own tenant); None leaves it as is."""
+        return self if tenant_scope is None else dataclasses.replace(self, tenant_id=tenant_scope)
 
 
 async def usage_report(database: Database, query: UsageQuery) -> UsageReport:

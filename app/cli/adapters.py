@@ -145,7 +145,7 @@ usage = management_group("usage", "Export usage per day, tenant and adapter from
 @usage.command("export", help="Print (or write to --output) usage per UTC day, tenant and adapter.")
 @click.option("--start", help="First day, YYYY-MM-DD (default: 29 days before --end).")
 @click.option("--end", help="Last day, YYYY-MM-DD, included (default: today, UTC).")
-@click.option("--tenant", help="Only this tenant (an id or a name).")
+@click.option("--tenant", help="Only this tenant (an id or a name); a tenant-admin key gets only its own.")
 @click.option("--adapter", help="Only this adapter (its id).")
 @click.option("--format", "output_format", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
 @click.option("--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write to this file.")

@@ -26,7 +26,7 @@ from app.cli.management import (
 )
 from app.settings import Settings
 
-SCOPES = ("inference", "admin")
+SCOPES = ("inference", "admin", "tenant-admin")
 DEFAULT_GRACE_PERIOD_S = 3600  # the server's default too: an hour to roll the new key out
 
 TENANT_COLUMNS = [
@@ -151,7 +151,8 @@ keys = management_group("keys", "Create, list, limit, revoke and rotate API keys
     "scopes",
     type=click.Choice(SCOPES),
     multiple=True,
-    help="What the key may do; repeat for both (default: inference).",
+    help="What the key may do, repeated for several (default: inference): admin in the `admin` tenant only, "
+    "tenant-admin (its tenant's keys, adapters and usage) in any other.",
 )
 @click.option("--expires-at", help="When the key stops working, ISO 8601 with an offset, e.g. 2030-01-01T00:00:00Z.")
 @limit_option("--rpm", "Requests a minute, for this key", "the tenant's alone")
@@ -268,8 +269,6 @@ def create_admin_key_locally(settings: Settings, database_url: str, name: str) -
         return asyncio.run(create(load_or_create_key_secret(settings.home, settings.key_secret)))
     except (SQLAlchemyError, OSError) as error:
         raise click.ClickException(f"cannot create the key in the database: {first_line(error)}") from None
-    except RuntimeError as error:  # e.g. the `admin` tenant was deleted
-        raise click.ClickException(first_line(error)) from None
     finally:
         root_logger.setLevel(level)
 

@@ -101,7 +101,7 @@ class MultipartBody:
 
 
 class AdminClient:
-    """The admin API of the server at ``url``, called with ``admin_key`` (a key with the `admin` scope)."""
+    """The admin API of the server at ``url``, called with ``admin_key`` (an `admin` or `tenant-admin` key)."""
 
     def __init__(self, url: str, admin_key: str, *, transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
@@ -131,10 +131,24 @@ class AdminClient:
     def update_tenant(self, tenant_id: str, **fields: Any) -> dict[str, Any]:
         return self._json("PATCH", f"/admin/tenants/{tenant_id}", json=fields)
 
+    def me(self) -> dict[str, Any]:
+        """The calling key: its id, tenant and scopes, and ``tenant_scope``, the one tenant it manages (or None)."""
+        return self._json("GET", "/admin/me")
+
     def resolve_tenant(self, tenant: str) -> dict[str, Any]:
-        """The tenant whose id, or else whose name, is ``tenant``."""
+        """The tenant whose id, or else whose name, is ``tenant``.
+
+        A tenant admin's key may only name its own tenant (it cannot list the others); the error says which.
+        """
         if _is_uuid(tenant):
             return self.get_tenant(tenant)
+        caller = self.me()
+        if caller["tenant_scope"] is not None:
+            if tenant != caller["tenant_name"]:
+                raise AdminError(
+                    f"this tenant-admin key manages only the tenant {caller['tenant_name']!r}, not {tenant!r}"
+                )
+            return self.get_tenant(caller["tenant_scope"])
         for record in self.list_tenants():
             if record["name"] == tenant:
                 return record

@@ -56,7 +56,12 @@ class _ManagementGroup(click.Group):
 def management_group(name: str, help: str) -> click.Group:
     @click.group(name, cls=_ManagementGroup, help=help)
     @click.option("--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True, help=f"The server ({URL_ENV}).")
-    @click.option("--admin-key", envvar=ADMIN_KEY_ENV, help=f"A key with the `admin` scope ({ADMIN_KEY_ENV}).")
+    @click.option(
+        "--admin-key",
+        envvar=ADMIN_KEY_ENV,
+        help=f"A key with the `admin` scope, or `tenant-admin` for its own tenant's keys, adapters and usage "
+        f"({ADMIN_KEY_ENV}).",
+    )
     @click.pass_context
     def group(ctx: click.Context, url: str, admin_key: str | None) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line per request is noise in a command's output

@@ -1,10 +1,13 @@
 """Who may use the console: the session guard, CSRF checks, and the cookies that carry them.
 
 Every console route but the sign-in page runs ``console_guard`` first. It finds the session named by the
-``lpx_console`` cookie, checks the admin key it holds with the same authenticator as the admin REST API
-(so a revoked key or a disabled tenant ends the session within a second), and on a POST compares the
-form's ``csrf_token`` field (or the ``X-CSRF-Token`` header the page's scripts send) with the session's
-token. The cookie is SameSite=Strict as well, so a form posted from another site arrives without it.
+``lpx_console`` cookie, checks the key it holds with the same authenticator as the admin REST API (an
+`admin` or `tenant-admin` key; a revoked key or a disabled tenant ends the session within a second), on a
+POST compares the form's ``csrf_token`` field (or the ``X-CSRF-Token`` header the page's scripts send) with
+the session's token, and then applies the page's declared access rule, as the admin router does
+(app/admin/guards.py): a tenant admin reaches its own tenant's keys, adapters and usage, and gets 404 for
+another tenant's and 403 for the platform's pages. The cookie is SameSite=Strict as well, so a form posted
+from another site arrives without it.
 """
 
 from __future__ import annotations
@@ -16,10 +19,8 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.handlers import BaseRouteHandler
 
+from app.admin.guards import CALLER_STATE, AdminCaller, authenticate_admin, check_access, lists_methods_only
 from app.console.sessions import ConsoleSession, ConsoleSessions, tokens_match
-from app.keys.authenticator import Principal
-from app.keys.service import Scope
-from app.services import gateway_of
 from app.web.errors import AuthenticationError, PermissionDeniedError
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 PUBLIC = "console_public"  # handler opt: reachable without a session (the sign-in page and form)
 SESSION_STATE = "console_session"
-ADMIN_STATE = "console_admin"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -78,17 +78,15 @@ def sign_in_cookie(connection: ASGIConnection, token: str | None) -> Cookie:
 
 
 async def console_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    """Litestar guard of every console route: a live admin session, and its CSRF token on a POST."""
-    if handler.opt.get(PUBLIC):
+    """Litestar guard of every console route: a live session, its CSRF token on a POST, the page's access rule."""
+    if handler.opt.get(PUBLIC) or lists_methods_only(handler):
         return
     sessions = sessions_of(connection)
     session = sessions.find(connection.cookies.get(SESSION_COOKIE))
     if session is None:
-        raise SignInRequired("Sign in with an admin key to use the console.")
+        raise SignInRequired("Sign in with an admin or tenant-admin key to use the console.")
     try:
-        principal = await gateway_of(connection).authenticator.authenticate(  # type: ignore[arg-type]
-            f"Bearer {session.api_key}", Scope.ADMIN
-        )
+        caller = await authenticate_admin(connection, f"Bearer {session.api_key}")
     except (AuthenticationError, PermissionDeniedError) as error:
         sessions.end(session.session_id)
         raise SignInRequired(f"Your session ended: {error.message}") from None
@@ -97,7 +95,8 @@ async def console_guard(connection: ASGIConnection, handler: BaseRouteHandler) -
         logger.warning("console: refused a %s to %s without its CSRF token", method, connection.url.path)
         raise CsrfRefused
     connection.state[SESSION_STATE] = session
-    connection.state[ADMIN_STATE] = principal
+    connection.state[CALLER_STATE] = caller
+    await check_access(connection, handler, caller)
 
 
 async def _csrf_ok(connection: ASGIConnection, session: ConsoleSession) -> bool:
@@ -115,5 +114,6 @@ def session_of(request: Request) -> ConsoleSession:
     return request.state[SESSION_STATE]
 
 
-def admin_of(request: Request) -> Principal:
-    return request.state[ADMIN_STATE]
+def home_of(caller: AdminCaller) -> str:
+    """Where the console opens: the tenants for a platform admin, its own tenant's keys for a tenant admin."""
+    return "/console/tenants" if caller.tenant_scope is None else f"/console/tenants/{caller.tenant_scope}/keys"

@@ -1,12 +1,16 @@
-"""Console pages for a tenant's adapters: upload (drag and drop), pin, unload, delete, and where each one lives."""
+"""Console pages for a tenant's adapters: upload (drag and drop), pin, unload, delete, and where each one lives.
+
+Each is Access.TENANT (a tenant admin's own adapters) but unload, the platform's, as in the admin API.
+"""
 
 from __future__ import annotations
 
 from litestar import MediaType, Request, Response, get, post
 
 from app.admin.adapters import AdapterId, TenantId, adapter_service
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.tenants import tenant_service
-from app.console.access import admin_of, session_of
+from app.console.access import session_of
 from app.console.pages import render, see_other
 from app.web.errors import ApiError
 
@@ -20,7 +24,10 @@ def residency(pinned: bool, loaded: bool) -> str:
     return "stored (loaded on first use)"
 
 
-@get("/tenants/{tenant_id:uuid}/adapters", include_in_schema=False)
+TENANT = {ACCESS: Access.TENANT}
+
+
+@get("/tenants/{tenant_id:uuid}/adapters", opt=TENANT, include_in_schema=False)
 async def adapters_page(request: Request, tenant_id: TenantId) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     adapters = (await adapter_service(request).list_for_tenant(tenant_id)).data
@@ -29,6 +36,7 @@ async def adapters_page(request: Request, tenant_id: TenantId) -> Response:
 
 @post(
     "/tenants/{tenant_id:uuid}/adapters",
+    opt=TENANT,
     include_in_schema=False,
     request_max_body_size=None,  # the upload counts its own bytes against LORAPLEX_MAX_ADAPTER_MB as they arrive
 )
@@ -45,7 +53,7 @@ async def upload_adapter(request: Request, tenant_id: TenantId) -> Response:
     return Response(content=message, status_code=201, media_type=MediaType.TEXT)
 
 
-@post("/adapters/{adapter_id:uuid}/pin", include_in_schema=False)
+@post("/adapters/{adapter_id:uuid}/pin", opt=TENANT, include_in_schema=False)
 async def pin_adapter(request: Request, adapter_id: AdapterId) -> Response:
     form = await request.form()
     pinned = form.get("pinned") == "true"
@@ -54,7 +62,7 @@ async def pin_adapter(request: Request, adapter_id: AdapterId) -> Response:
     return see_other(f"/console/tenants/{adapter.tenant_id}/adapters", f"{done} the adapter {adapter.name}.", request)
 
 
-@post("/adapters/{adapter_id:uuid}/unload", include_in_schema=False)
+@post("/adapters/{adapter_id:uuid}/unload", opt={ACCESS: Access.PLATFORM}, include_in_schema=False)
 async def unload_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).unload(admin_of(request), adapter_id)
     return see_other(
@@ -64,13 +72,13 @@ async def unload_adapter(request: Request, adapter_id: AdapterId) -> Response:
     )
 
 
-@get("/adapters/{adapter_id:uuid}/delete", include_in_schema=False)
+@get("/adapters/{adapter_id:uuid}/delete", opt=TENANT, include_in_schema=False)
 async def confirm_delete_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).get(adapter_id)
     return render(request, "adapter_delete.html", adapter=adapter, nav="tenants")
 
 
-@post("/adapters/{adapter_id:uuid}/delete", include_in_schema=False)
+@post("/adapters/{adapter_id:uuid}/delete", opt=TENANT, include_in_schema=False)
 async def delete_adapter(request: Request, adapter_id: AdapterId) -> Response:
     adapter = await adapter_service(request).delete(admin_of(request), adapter_id)
     return see_other(

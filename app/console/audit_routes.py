@@ -9,9 +9,10 @@ from datetime import datetime
 from litestar import Request, Response, get
 from sqlalchemy import String, cast, or_, select
 
+from app.admin.guards import ACCESS, Access
 from app.console.forms import MAX_FIELD_CHARS
 from app.console.pages import render
-from app.db.tables import ApiKey, AuditLog
+from app.db.tables import ApiKey, AuditLog, Tenant
 from app.services import gateway_of
 
 PAGE_ROWS = 200  # the newest rows matching the filters; narrow the filters to see older ones
@@ -37,14 +38,22 @@ def _json(value: object) -> str | None:
     return None if value is None else json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False)
 
 
-@get("/audit", include_in_schema=False)
+def _actor(row: AuditLog, key_name: str | None, prefix: str | None, tenant_name: str | None) -> str:
+    """Who made the change: the key's name and prefix and its tenant's name, or this machine."""
+    if row.actor_key_id is None:
+        return "this machine"
+    return f"{key_name or 'deleted key'} ({prefix or '?'}) of {tenant_name or 'an unknown tenant'}"
+
+
+@get("/audit", opt={ACCESS: Access.PLATFORM}, include_in_schema=False)
 async def audit_page(request: Request) -> Response:
     # PostgreSQL text cannot hold NUL: a filter with one matches nothing anyway.
     action = (request.query_params.get("action") or "")[:MAX_FIELD_CHARS].replace("\x00", "")
     text = (request.query_params.get("q") or "")[:MAX_FIELD_CHARS].replace("\x00", "")
     statement = (
-        select(AuditLog, ApiKey.name, ApiKey.prefix)
+        select(AuditLog, ApiKey.name, ApiKey.prefix, Tenant.name.label("tenant_name"))
         .outerjoin(ApiKey, ApiKey.id == AuditLog.actor_key_id)
+        .outerjoin(Tenant, Tenant.id == AuditLog.actor_tenant_id)
         .order_by(AuditLog.at.desc(), AuditLog.id.desc())
         .limit(PAGE_ROWS)
     )
@@ -65,14 +74,14 @@ async def audit_page(request: Request) -> Response:
         entries = [
             AuditEntry(
                 at=row.at,
-                actor="this machine" if row.actor_key_id is None else f"{name or 'deleted key'} ({prefix or '?'})",
+                actor=_actor(row, name, prefix, tenant_name),
                 action=row.action,
                 target_type=row.target_type,
                 target_id=row.target_id,
                 before=_json(row.before),
                 after=_json(row.after),
             )
-            for row, name, prefix in result
+            for row, name, prefix, tenant_name in result
         ]
     return render(
         request,

@@ -1,4 +1,4 @@
-"""Signing in to the console with an admin key, and signing out."""
+"""Signing in to the console with an admin or tenant-admin key, and signing out."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from litestar import Request, Response, get, post
 from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
+from app.admin.guards import ACCESS, Access, authenticate_admin
 from app.console.access import (
     CSRF_FIELD,
     PUBLIC,
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
+    home_of,
     session_cookie,
     session_of,
     sessions_of,
@@ -21,13 +23,11 @@ from app.console.access import (
 from app.console.forms import MAX_FIELD_CHARS
 from app.console.pages import render
 from app.console.sessions import new_token, tokens_match
-from app.keys.service import Scope
-from app.services import gateway_of
 from app.web.errors import ApiError
 
 logger = logging.getLogger(__name__)
 
-HOME = "/console/tenants"
+HOME = "/console/"  # sends each key to its own start page (app/console/tenant_routes.py)
 
 
 def _sign_in_page(request: Request, message: str | None, status_code: int = 200) -> Template:
@@ -47,7 +47,7 @@ async def sign_in_page(request: Request) -> Response:
 
 @post("/sign-in", opt={PUBLIC: True}, include_in_schema=False)
 async def sign_in(request: Request) -> Response:
-    """A session for an admin key; the key is refused in words when it is wrong or lacks the admin scope."""
+    """A session for an admin or tenant-admin key; any other key is refused in words saying why."""
     form = await request.form()
     token = form.get(CSRF_FIELD)
     expected = request.cookies.get(SIGN_IN_COOKIE)
@@ -57,22 +57,23 @@ async def sign_in(request: Request) -> Response:
         )
     api_key = form.get("api_key")
     if not isinstance(api_key, str) or not api_key.strip() or len(api_key) > MAX_FIELD_CHARS:
-        return _sign_in_page(request, "Enter an admin API key (it starts with lpx_).", 400)
+        return _sign_in_page(request, "Enter an admin or tenant-admin API key (it starts with lpx_).", 400)
     api_key = api_key.strip()
     try:
-        principal = await gateway_of(request).authenticator.authenticate(f"Bearer {api_key}", Scope.ADMIN)
+        caller = await authenticate_admin(request, f"Bearer {api_key}")
     except ApiError as error:
         logger.info("console: sign-in refused (%s)", error.code)
         return _sign_in_page(request, f"Sign-in refused: {error.message}", error.status)
     session = sessions_of(request).start(api_key)
+    principal = caller.principal
     logger.info("console: key %s of tenant %s signed in", principal.key_id, principal.tenant_name)
-    response = Redirect(HOME, status_code=HTTP_303_SEE_OTHER)
+    response = Redirect(home_of(caller), status_code=HTTP_303_SEE_OTHER)
     response.set_cookie(session_cookie(request, session))
     response.set_cookie(sign_in_cookie(request, None))
     return response
 
 
-@post("/sign-out", include_in_schema=False)
+@post("/sign-out", opt={ACCESS: Access.OWN_TENANT}, include_in_schema=False)
 async def sign_out(request: Request) -> Response:
     """Forget the session here (a copy of its cookie stops working too) and clear the cookie."""
     sessions_of(request).end(session_of(request).session_id)

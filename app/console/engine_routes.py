@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from litestar import Request, Response, get
 
+from app.admin.guards import ACCESS, Access
 from app.console.pages import render
 from app.services import gateway_of
 from engine import EngineStats
@@ -36,7 +37,7 @@ def worker_view(worker: str, stats: EngineStats) -> WorkerView:
     return WorkerView(worker, stats, rows)
 
 
-@get("/engine", include_in_schema=False)
+@get("/engine", opt={ACCESS: Access.PLATFORM}, include_in_schema=False)
 async def engine_page(request: Request) -> Response:
     engine = gateway_of(request).engine
     error = None

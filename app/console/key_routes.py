@@ -1,4 +1,9 @@
-"""Console pages for a tenant's API keys: listing, creating (the secret shown once), rotating and revoking."""
+"""Console pages for a tenant's API keys: listing, creating (the secret shown once), rotating and revoking.
+
+Each is Access.TENANT: a platform admin works on any tenant's keys, a tenant admin on its own tenant's. The
+form offers the scopes the tenant's keys may hold (``scope_refusal``): `admin` in the `admin` tenant only,
+`tenant-admin` in every other.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +17,23 @@ from litestar.datastructures import FormMultiDict
 from litestar.params import PathParameter
 
 from app.admin.adapters import TenantId
+from app.admin.guards import ACCESS, Access, admin_of
 from app.admin.keys import key_service
 from app.admin.schemas_tenants import KeyCreate, KeyRotate
 from app.admin.tenant_service import LIMIT_FIELDS
 from app.admin.tenants import tenant_service
-from app.console.access import admin_of, session_of
+from app.console.access import session_of
 from app.console.forms import FormError, convert, form_values
 from app.console.pages import render, see_other
+from app.keys.service import Scope, scope_refusal
 from app.web.errors import ApiError
 
-SCOPES = ("inference", "admin")
+SCOPES = (Scope.INFERENCE, Scope.ADMIN, Scope.TENANT_ADMIN)  # the order the form lists them in
+SCOPE_LABELS = {
+    Scope.INFERENCE: "inference (the OpenAI API)",
+    Scope.ADMIN: "admin (the whole platform: this console and /admin, every tenant)",
+    Scope.TENANT_ADMIN: "tenant-admin (this tenant's keys, adapters and usage, in this console and /admin)",
+}
 KeyId = Annotated[uuid.UUID, PathParameter(description="The key's id.")]
 
 
@@ -41,6 +53,7 @@ async def _keys_page(
         status_code=status_code,
         tenant=tenant,
         keys=keys,
+        scope_choices=scope_choices(tenant.name),
         now=datetime.now(UTC),
         error=error,
         form=form or {},
@@ -48,9 +61,14 @@ async def _keys_page(
     )
 
 
-@get("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
+@get("/tenants/{tenant_id:uuid}/keys", opt={ACCESS: Access.TENANT}, include_in_schema=False)
 async def keys_page(request: Request, tenant_id: TenantId) -> Response:
     return await _keys_page(request, tenant_id)
+
+
+def scope_choices(tenant_name: str) -> list[tuple[str, str]]:
+    """(scope, label) of each scope a key of this tenant may hold, as the form offers them."""
+    return [(scope, SCOPE_LABELS[scope]) for scope in SCOPES if scope_refusal(scope, tenant_name) is None]
 
 
 def _key_create(form: FormMultiDict) -> KeyCreate:
@@ -60,7 +78,7 @@ def _key_create(form: FormMultiDict) -> KeyCreate:
     if unknown:
         raise FormError(f"Scopes: choose among {', '.join(SCOPES)}.")
     if not scopes:
-        raise FormError("Scopes: tick at least one (inference calls the OpenAI API, admin this console and /admin).")
+        raise FormError("Scopes: tick at least one (inference calls the OpenAI API, the others administer).")
     values["scopes"] = scopes
     expires_on = form_values(form, ("expires_on",)).get("expires_on")
     if expires_on is not None:
@@ -72,7 +90,7 @@ def _key_create(form: FormMultiDict) -> KeyCreate:
     return convert(values, KeyCreate)
 
 
-@post("/tenants/{tenant_id:uuid}/keys", include_in_schema=False)
+@post("/tenants/{tenant_id:uuid}/keys", opt={ACCESS: Access.TENANT}, include_in_schema=False)
 async def create_key(request: Request, tenant_id: TenantId) -> Response:
     form = await request.form()
     try:
@@ -83,7 +101,7 @@ async def create_key(request: Request, tenant_id: TenantId) -> Response:
     return see_other(f"/console/tenants/{tenant_id}/keys")
 
 
-@post("/keys/{key_id:uuid}/rotate", include_in_schema=False)
+@post("/keys/{key_id:uuid}/rotate", opt={ACCESS: Access.TENANT}, include_in_schema=False)
 async def rotate_key(request: Request, key_id: KeyId) -> Response:
     """A successor key (its secret shown once); the old key works for the grace period chosen."""
     form = await request.form()
@@ -99,7 +117,7 @@ async def rotate_key(request: Request, key_id: KeyId) -> Response:
     return see_other(f"/console/tenants/{created.tenant_id}/keys")
 
 
-@post("/keys/{key_id:uuid}/revoke", include_in_schema=False)
+@post("/keys/{key_id:uuid}/revoke", opt={ACCESS: Access.TENANT}, include_in_schema=False)
 async def revoke_key(request: Request, key_id: KeyId) -> Response:
     revoked = await key_service(request).revoke(admin_of(request), key_id)
     return see_other(

@@ -10,6 +10,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Redirect, Template
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
+from app.admin.guards import CALLER_STATE
 from app.console.access import (
     CSRF_FIELD,
     SESSION_COOKIE,
@@ -28,14 +29,20 @@ HX_REDIRECT = "HX-Redirect"  # htmx follows this header with a full page load
 
 
 def render(request: Request, template: str, *, status_code: int = 200, **context: Any) -> Template:
-    """``template`` with the session's CSRF token, the signed-in admin and the notices waiting for it."""
+    """``template`` with the session's CSRF token, the signed-in key and the notices waiting for it.
+
+    ``admin`` is the signed-in key (None on the sign-in page), ``tenant_scope`` the one tenant it manages (a
+    tenant admin's; None for a platform admin), so pages offer only what the key may do.
+    """
     session = request.state.get(SESSION_STATE)
+    caller = request.state.get(CALLER_STATE)
     return Template(
         template,
         context={
             "csrf_field": CSRF_FIELD,
             "csrf_token": None if session is None else session.csrf_token,
-            "admin": request.state.get("console_admin"),
+            "admin": None if caller is None else caller.principal,
+            "tenant_scope": None if caller is None else caller.tenant_scope,
             "notices": [] if session is None else session.take_notices(),
             "new_secrets": [] if session is None else session.take_secrets(),
             "path": request.url.path,

@@ -10,7 +10,8 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from app.console.access import console_guard
+from app.admin.guards import declared_access
+from app.console.access import PUBLIC, console_guard
 from app.console.adapter_routes import ADAPTER_ROUTES
 from app.console.audit_routes import AUDIT_ROUTES
 from app.console.auth_routes import AUTH_ROUTES
@@ -41,19 +42,28 @@ SECURITY_HEADERS = [
 ]
 
 
+CONSOLE_ROUTES = [
+    *AUTH_ROUTES,
+    *TENANT_ROUTES,
+    *KEY_ROUTES,
+    *ADAPTER_ROUTES,
+    *USAGE_ROUTES,
+    *AUDIT_ROUTES,
+    *ENGINE_ROUTES,
+]
+
+
 def console_router() -> Router:
-    """Every console page, each behind ``console_guard`` (the sign-in page is the one marked public)."""
+    """Every console page, each behind ``console_guard`` (the sign-in page is the one marked public).
+
+    Each other page declares its access rule as the admin routes do; UndeclaredAccessError if one does not.
+    """
+    for handler in CONSOLE_ROUTES:
+        if not handler.opt.get(PUBLIC):
+            declared_access(handler)
     return Router(
         path=CONSOLE_PATH,
-        route_handlers=[
-            *AUTH_ROUTES,
-            *TENANT_ROUTES,
-            *KEY_ROUTES,
-            *ADAPTER_ROUTES,
-            *USAGE_ROUTES,
-            *AUDIT_ROUTES,
-            *ENGINE_ROUTES,
-        ],
+        route_handlers=CONSOLE_ROUTES,
         guards=[console_guard],
         exception_handlers=CONSOLE_EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         response_headers=SECURITY_HEADERS,

@@ -1,4 +1,7 @@
-"""Console pages for tenants: the list, creating one, its limits and weight, suspending and deleting it."""
+"""Console pages for tenants: the list, creating one, its limits and weight, suspending and deleting it.
+
+All are the platform's (Access.PLATFORM) but the console's home, which sends each key to its own start page.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +13,17 @@ from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
 from app.admin.adapters import TenantId
+from app.admin.guards import ACCESS, Access, admin_of, caller_of
 from app.admin.schemas_tenants import TenantCreate, TenantUpdate
 from app.admin.tenant_service import LIMIT_FIELDS
 from app.admin.tenants import tenant_service
-from app.console.access import admin_of
+from app.console.access import home_of
 from app.console.forms import FormError, convert, form_values, limit_changes
 from app.console.pages import render, see_other
 from app.web.errors import ApiError
 
 CREATE_FIELDS = ("name", *LIMIT_FIELDS, "fair_share_weight")
+PLATFORM = {ACCESS: Access.PLATFORM}
 
 
 async def _list_page(
@@ -38,17 +43,17 @@ async def _list_page(
     )
 
 
-@get("/", include_in_schema=False)
-async def console_home() -> Redirect:
-    return Redirect("/console/tenants", status_code=HTTP_303_SEE_OTHER)
+@get("/", opt={ACCESS: Access.OWN_TENANT}, include_in_schema=False)
+async def console_home(request: Request) -> Redirect:
+    return Redirect(home_of(caller_of(request)), status_code=HTTP_303_SEE_OTHER)
 
 
-@get("/tenants", include_in_schema=False)
+@get("/tenants", opt=PLATFORM, include_in_schema=False)
 async def tenants_page(request: Request) -> Response:
     return await _list_page(request)
 
 
-@post("/tenants", include_in_schema=False)
+@post("/tenants", opt=PLATFORM, include_in_schema=False)
 async def create_tenant(request: Request) -> Response:
     form = await request.form()
     try:
@@ -66,12 +71,12 @@ async def _tenant_page(
     return render(request, "tenant.html", status_code=status_code, tenant=tenant, error=error, nav="tenants")
 
 
-@get("/tenants/{tenant_id:uuid}", include_in_schema=False)
+@get("/tenants/{tenant_id:uuid}", opt=PLATFORM, include_in_schema=False)
 async def tenant_page(request: Request, tenant_id: TenantId) -> Response:
     return await _tenant_page(request, tenant_id)
 
 
-@post("/tenants/{tenant_id:uuid}", include_in_schema=False)
+@post("/tenants/{tenant_id:uuid}", opt=PLATFORM, include_in_schema=False)
 async def update_tenant(request: Request, tenant_id: TenantId) -> Response:
     """The limits and weight form: every limit it sends is set (blank: unlimited)."""
     form = await request.form()
@@ -84,7 +89,7 @@ async def update_tenant(request: Request, tenant_id: TenantId) -> Response:
     return see_other(f"/console/tenants/{tenant_id}", "Saved the limits and weight.", request)
 
 
-@post("/tenants/{tenant_id:uuid}/status", include_in_schema=False)
+@post("/tenants/{tenant_id:uuid}/status", opt=PLATFORM, include_in_schema=False)
 async def set_tenant_status(request: Request, tenant_id: TenantId) -> Response:
     """Suspend (``disabled``: its keys are refused) or resume (``active``) the tenant."""
     form = await request.form()
@@ -97,13 +102,13 @@ async def set_tenant_status(request: Request, tenant_id: TenantId) -> Response:
     return see_other(f"/console/tenants/{tenant_id}", f"{done} the tenant {tenant.name}.", request)
 
 
-@get("/tenants/{tenant_id:uuid}/delete", include_in_schema=False)
+@get("/tenants/{tenant_id:uuid}/delete", opt=PLATFORM, include_in_schema=False)
 async def confirm_delete_tenant(request: Request, tenant_id: TenantId) -> Response:
     tenant = await tenant_service(request).get(tenant_id)
     return render(request, "tenant_delete.html", tenant=tenant, error=None, nav="tenants")
 
 
-@post("/tenants/{tenant_id:uuid}/delete", include_in_schema=False)
+@post("/tenants/{tenant_id:uuid}/delete", opt=PLATFORM, include_in_schema=False)
 async def delete_tenant(request: Request, tenant_id: TenantId) -> Response:
     """Delete the tenant once its name is typed back (a confirmation a stray click or Enter cannot give)."""
     service = tenant_service(request)

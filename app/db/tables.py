@@ -192,6 +192,8 @@ class AuditLog(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     actor_key_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # The actor key's tenant: the `admin` tenant's for a platform admin, its own for a tenant admin.
+    actor_tenant_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     action: Mapped[str] = mapped_column(Text)
     target_type: Mapped[str] = mapped_column(Text)
     target_id: Mapped[str | None] = mapped_column(Text)

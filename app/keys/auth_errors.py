@@ -5,6 +5,7 @@ None of them echoes a secret: a wrong key is shown as its prefix and last charac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from app.keys.secrets import KEY_TAG
@@ -73,13 +74,21 @@ class TenantDisabledError(PermissionDeniedError):
 
 
 class MissingScopeError(PermissionDeniedError):
-    """The key is valid but lacks the scope the endpoint needs."""
+    """The key is valid but has none of the scopes the endpoint takes."""
 
-    def __init__(self, prefix: str, scope: str) -> None:
+    def __init__(self, prefix: str, scopes: Sequence[str]) -> None:
+        wanted = " or ".join(f"`{scope}`" for scope in scopes)
         super().__init__(
-            f"The API key {prefix} lacks the `{scope}` scope that this endpoint needs; use a key created with "
-            f"the `{scope}` scope."
+            f"The API key {prefix} lacks the {wanted} scope that this endpoint needs; use a key created with "
+            f"{'that scope' if len(scopes) == 1 else 'one of them'}."
         )
+
+
+class ScopeNotValidInTenantError(PermissionDeniedError):
+    """The key holds the scope the endpoint takes, but its tenant's keys cannot hold that scope."""
+
+    def __init__(self, prefix: str, refusal: str) -> None:
+        super().__init__(f"The API key {prefix} cannot be used here. {refusal}")
 
 
 def bearer_token(authorization: str | None) -> str:

@@ -44,11 +44,12 @@ from app.keys.auth_errors import (
     IncorrectApiKeyError,
     MissingScopeError,
     RevokedApiKeyError,
+    ScopeNotValidInTenantError,
     TenantDisabledError,
     bearer_token,
 )
 from app.keys.secrets import hash_api_key, key_prefix
-from app.keys.service import Scope
+from app.keys.service import Scope, scope_refusal
 from app.limits.limits import NO_LIMITS, Limits
 from app.web.errors import ServiceUnavailableError
 
@@ -67,7 +68,7 @@ MASK_TAIL_CHARS = 4  # characters of a wrong key echoed back, as OpenAI does, so
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key and its tenant, with the key's scopes and the limits that apply to it.
+    """Who is calling: the key and its tenant, with the key's valid scopes and the limits that apply to it.
 
     The limits and the weight come with the cached lookup, so a change to them holds within a second.
     """
@@ -89,6 +90,7 @@ class _KeyRecord:
 
     principal: Principal
     prefix: str
+    void_scopes: frozenset[str]  # stored on the key, but not valid in its tenant (``scope_refusal``)
     tenant_active: bool
     expires_at: datetime | None
     revoked_at: datetime | None
@@ -137,15 +139,16 @@ class Authenticator:
         """Drop what is cached about a tenant's keys (after it was disabled, deleted or its limits changed)."""
         self._forget(lambda record: record.principal.tenant_id == tenant_id)
 
-    async def authenticate(self, authorization: str | None, scope: str) -> Principal:
-        """The Principal of the key in `authorization` (the header's value) if it may use `scope`.
+    async def authenticate(self, authorization: str | None, *scopes: str) -> Principal:
+        """The Principal of the key in `authorization` (the header's value) if it holds one of `scopes`.
 
-        Raises an AuthenticationError (401) for a missing, malformed, unknown, revoked or expired key,
-        a PermissionDeniedError (403) for a disabled tenant or a missing scope, and ServiceUnavailableError
-        (503) when the key is not cached and the database does not answer.
+        A scope the key's tenant cannot hold (``scope_refusal``: `admin` outside the admin tenant) does not
+        count, whatever the key's row says. Raises an AuthenticationError (401) for a missing, malformed,
+        unknown, revoked or expired key, a PermissionDeniedError (403) for a disabled tenant or a missing
+        scope, and ServiceUnavailableError (503) when the key is not cached and the database does not answer.
         """
-        if scope not in Scope.VALID:
-            raise ValueError(f"unknown scope {scope!r}; expected one of {sorted(Scope.VALID)}")
+        if not scopes or not Scope.VALID.issuperset(scopes):
+            raise ValueError(f"scopes must be some of {sorted(Scope.VALID)}; got {scopes!r}")
         plaintext = bearer_token(authorization)
         prefix = key_prefix(plaintext)
         record = await self._lookup(hash_api_key(self._key_secret, plaintext), prefix)
@@ -158,8 +161,11 @@ class Authenticator:
             raise ExpiredApiKeyError(prefix, record.expires_at)
         if not record.tenant_active:
             raise TenantDisabledError(record.principal.tenant_name)
-        if scope not in record.principal.scopes:
-            raise MissingScopeError(prefix, scope)
+        if record.principal.scopes.isdisjoint(scopes):
+            void = [scope for scope in scopes if scope in record.void_scopes]
+            if void:
+                raise ScopeNotValidInTenantError(prefix, scope_refusal(void[0], record.principal.tenant_name) or "")
+            raise MissingScopeError(prefix, scopes)
         self._last_used[record.principal.key_id] = now
         return record.principal
 
@@ -292,12 +298,13 @@ class Authenticator:
         record = None
         for row in rows:  # usually one row; more only when two keys' random ids collide
             if hmac.compare_digest(row.secret_hash, key_hash):
+                void = frozenset(scope for scope in row.scopes if scope_refusal(scope, row.name) is not None)
                 record = _KeyRecord(
                     principal=Principal(
                         key_id=row.id,
                         tenant_id=row.tenant_id,
                         tenant_name=row.name,
-                        scopes=frozenset(row.scopes),
+                        scopes=frozenset(row.scopes) - void,
                         tenant_limits=_limits(
                             row.tenant_rpm_limit,
                             row.tenant_tpm_limit,
@@ -308,6 +315,7 @@ class Authenticator:
                         fair_share_weight=row.fair_share_weight,
                     ),
                     prefix=prefix,
+                    void_scopes=void,
                     tenant_active=row.status == "active",
                     expires_at=row.expires_at,
                     revoked_at=row.revoked_at,

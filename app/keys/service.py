@@ -16,15 +16,39 @@ from app.web.errors import BadRequestError, NotFoundError
 logger = logging.getLogger(__name__)
 
 
-class Scope:
-    """What a key may do: ``inference`` for the OpenAI-compatible API, ``admin`` for ``/admin``.
+ADMIN_TENANT = "admin"
+"""The tenant that holds the platform's administrators: ``admin`` keys are valid in it and nowhere else."""
 
-    Neither implies the other: an admin key cannot run completions unless it also has ``inference``.
+
+class Scope:
+    """What a key may do (docs/admin.md#scopes).
+
+    ``inference``: the OpenAI-compatible API. ``admin``: all of ``/admin`` and the console, every tenant;
+    valid only on keys of the ADMIN_TENANT. ``tenant-admin``: its own tenant's keys, adapters and usage;
+    valid on keys of any other tenant. None implies another: an admin key cannot run completions unless it
+    also has ``inference``.
     """
 
     INFERENCE = "inference"
     ADMIN = "admin"
-    VALID = frozenset({INFERENCE, ADMIN})
+    TENANT_ADMIN = "tenant-admin"
+    VALID = frozenset({INFERENCE, ADMIN, TENANT_ADMIN})
+
+
+def scope_refusal(scope: str, tenant_name: str) -> str | None:
+    """Why a key of ``tenant_name`` cannot hold ``scope`` (a sentence saying what to do instead), or None if it can."""
+    if scope == Scope.ADMIN and tenant_name != ADMIN_TENANT:
+        return (
+            f"The `{Scope.ADMIN}` scope administers every tenant, so only keys of the `{ADMIN_TENANT}` tenant may "
+            f"hold it, not keys of `{tenant_name}`. Give this key the `{Scope.TENANT_ADMIN}` scope to manage "
+            f"`{tenant_name}`'s keys, adapters and usage."
+        )
+    if scope == Scope.TENANT_ADMIN and tenant_name == ADMIN_TENANT:
+        return (
+            f"Keys of the `{ADMIN_TENANT}` tenant administer the platform: give this key the `{Scope.ADMIN}` scope, "
+            f"or make the `{Scope.TENANT_ADMIN}` key in the tenant it should manage."
+        )
+    return None
 
 
 async def create_api_key(
@@ -38,8 +62,9 @@ async def create_api_key(
 ) -> tuple[ApiKey, str]:
     """Add a new key for the tenant to `session` and flush; return the row and the plaintext (shown once).
 
-    The caller commits. Raises BadRequestError for no scopes, an unknown scope, or an expiry that is not
-    a timezone-aware time in the future; NotFoundError when the tenant does not exist.
+    The caller commits. Raises BadRequestError for no scopes, an unknown scope, a scope the tenant's keys
+    cannot hold (``scope_refusal``), or an expiry that is not a timezone-aware time in the future;
+    NotFoundError when the tenant does not exist.
     """
     scope_list = sorted(set(scopes))
     if not scope_list:
@@ -62,8 +87,12 @@ async def create_api_key(
                 f"expires_at ({expires_at.isoformat()}) is in the past; give a time in the future, or none.",
                 param="expires_at",
             )
-    if await session.get(Tenant, tenant_id) is None:
+    tenant = await session.get(Tenant, tenant_id)
+    if tenant is None:
         raise NotFoundError(f"No tenant has the id {tenant_id}; list tenants with GET /admin/tenants.")
+    for scope in scope_list:
+        if (refusal := scope_refusal(scope, tenant.name)) is not None:
+            raise BadRequestError(refusal, param="scopes", code="scope_not_allowed")
 
     generated = generate_api_key()
     key = ApiKey(

@@ -15,7 +15,8 @@ The edits (``fit_case``):
 - rules the schema can only state in words are kept by valid requests: ``stream_options`` only with
   ``stream: true``, ``top_logprobs`` only with ``logprobs: true``, ``best_of`` equal to ``n``, ``min_tokens``
   at most ``max_tokens``, a completion's ``max_tokens`` 0 only with ``echo`` or ``prompt_logprobs``, a usage
-  report of at most MAX_DAYS days from start to end, a key's ``expires_at`` in the future, and token ids
+  report of at most MAX_DAYS days from start to end, a key's ``expires_at`` in the future and its scopes
+  ones its tenant's keys may hold (``tenant-admin`` for ``admin`` outside the admin tenant), and token ids
   (prompts, ``logit_bias`` keys, ``stop_token_ids``) below the model's vocabulary size (the schema is built
   before the model loads; the bound it states is the engine's, 2**31);
 - structured output keeps the rules stated in words: exactly one of ``structured_outputs``' ``json``, ``regex``
@@ -59,7 +60,7 @@ from sqlalchemy import select
 from app.adapters.store import register_adapter
 from app.admin.usage_service import MAX_DAYS
 from app.db.tables import ApiKey, Tenant
-from app.keys.service import Scope, create_api_key
+from app.keys.service import ADMIN_TENANT, Scope, create_api_key
 from app.openai.chat.request_schemas import MAX_TOKEN_ID
 from app.services import Gateway
 
@@ -104,7 +105,7 @@ async def make_fuzz_setup(gateway: Gateway, model_folder: Path, adapter_folder: 
     keys: dict[str, str] = {}
     async with gateway.database.sessions() as session, session.begin():
         for scope in (Scope.INFERENCE, Scope.ADMIN):
-            tenant = Tenant(name=f"fuzz-{scope}")
+            tenant = Tenant(name=ADMIN_TENANT if scope == Scope.ADMIN else f"fuzz-{scope}")  # admin keys live there
             session.add(tenant)
             await session.flush()
             _, keys[scope] = await create_api_key(
@@ -188,9 +189,20 @@ def fit_case(case: Case, setup: FuzzSetup) -> Case:
         case.body = _fit_completion(case.body, setup.vocab_size)
     elif case.path == USAGE_PATH and case.query:
         case.query = _fit_usage_range(case.query)
-    elif case.path == KEYS_PATH and isinstance(case.body, dict) and _is_past(case.body.get("expires_at")):
-        case.body = {**case.body, "expires_at": FUTURE}
+    elif case.path == KEYS_PATH and isinstance(case.body, dict):
+        case.body = _fit_key(case.body)
     return case
+
+
+def _fit_key(body: dict[str, Any]) -> dict[str, Any]:
+    """A future expiry for a past one, and `tenant-admin` for `admin`, which only the admin tenant's keys may hold
+    (the fuzzer never aims at that tenant, and a schema cannot say which tenant a scope needs)."""
+    if _is_past(body.get("expires_at")):
+        body = {**body, "expires_at": FUTURE}
+    scopes = body.get("scopes")
+    if isinstance(scopes, list) and Scope.ADMIN in scopes:
+        body = {**body, "scopes": [Scope.TENANT_ADMIN if scope == Scope.ADMIN else scope for scope in scopes]}
+    return body
 
 
 def _is_named_tool(tool: Any) -> bool:

@@ -96,7 +96,7 @@ async def replicas(
         gateway_client(settings(tmp_path / "a"), default_engine) as (client_a, gateway_a),
         gateway_client(settings(tmp_path / "b"), replica_engine) as (client_b, gateway_b),
     ):
-        admin = await make_tenant(gateway_a, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway_a, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway_a, "acme")
         adapter = (await upload(client_a, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
         # B never saw the upload: its first request fills B's cache folder from the database.

@@ -64,7 +64,7 @@ async def test_an_adapters_template_and_format_serve_its_requests_and_the_base_k
     gateway_settings, default_engine, tenant_adapters
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, PYTHONIC_TEMPLATE.encode())]
         uploaded = await client.post(
@@ -171,7 +171,7 @@ async def test_bad_templates_and_formats_are_refused_and_nothing_is_stored(
     gateway_settings, default_engine, tenant_adapters
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         engine_names = set(default_engine.engine.engine.adapters.names())
         for case, fields, parts, param, words in BAD_CHAT_PARTS:
@@ -209,7 +209,7 @@ async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_tha
     # The upload's samples never say "spin": the check passes, and the loop waits for a request that does.
     hidden = PYTHONIC_TEMPLATE + "{% if messages[-1].content == 'spin' %}" + NESTED_LOOPS + "{% endif %}"
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, hidden.encode())]
         uploaded = await client.post(
@@ -257,7 +257,7 @@ def test_hostile_renders_are_refused_in_time_while_the_gateway_answers_health(
         f"{{% if messages[-1].content == '{word}' %}}{source}{{% endif %}}" for word, source in ATTACKS_BY_WORD.items()
     )
     with live_server(gateway_settings, default_engine) as server, httpx.Client(base_url=server.url, timeout=30) as http:
-        admin = server.run(make_tenant(server.gateway, "ops", scopes=(Scope.ADMIN,)))
+        admin = server.run(make_tenant(server.gateway, "admin", scopes=(Scope.ADMIN,)))
         acme = server.run(make_tenant(server.gateway, "acme"))
         files = [
             *adapter_files(tenant_adapters["alpha"]),

@@ -33,7 +33,7 @@ async def files_row(gateway, digest: str) -> AdapterFile | None:
 async def test_upload_stores_the_files_in_postgres(gateway_settings, default_engine, tenant_adapters):
     source = tenant_adapters["alpha"]
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         adapter = (await upload(client, admin, acme.tenant_id, "alpha", source)).json()
         row = await files_row(gateway, adapter["digest"])
@@ -48,7 +48,7 @@ async def test_a_lost_or_damaged_cache_folder_is_refilled_from_postgres(
 ):
     source = tenant_adapters["alpha"]
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         adapter = (await upload(client, admin, acme.tenant_id, "alpha", source)).json()
         unloaded = await client.post(f"/admin/adapters/{adapter['id']}/unload", headers=admin.headers)
@@ -74,7 +74,7 @@ async def test_files_gone_from_the_database_and_the_cache_are_a_503_that_says_so
     gateway_settings, default_engine, tenant_adapters
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         adapter = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
         await client.post(f"/admin/adapters/{adapter['id']}/unload", headers=admin.headers)
@@ -92,7 +92,7 @@ async def test_files_row_goes_with_the_last_live_adapter_of_its_digest(
 ):
     source = tenant_adapters["beta"]
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         globex = await make_tenant(gateway, "globex")
         first = (await upload(client, admin, acme.tenant_id, "beta", source)).json()
@@ -112,7 +112,7 @@ async def test_ensure_local_refuses_unknown_digests_and_damaged_rows(
     gateway_settings, default_engine, tenant_adapters, tmp_path: Path
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         adapter = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
         digest = adapter["digest"]

@@ -159,7 +159,7 @@ async def test_bad_upload_is_refused_and_leaves_nothing(
 ):
     settings = dataclasses.replace(gateway_settings, **changes)
     async with gateway_client(settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         names_before = set(default_engine.engine.engine.adapters.names())
         data, files = _bad_form(spoil, tenant_adapters["alpha"], foreign_adapter, tmp_path, default_engine.model_name)
@@ -178,7 +178,7 @@ async def test_bad_upload_is_refused_and_leaves_nothing(
 @pytest.mark.parametrize("tenant", ["unknown", "deleted"])
 async def test_upload_to_unknown_or_deleted_tenant_is_404(gateway_settings, default_engine, tenant_adapters, tenant):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         tenant_id = uuid.uuid4()
         if tenant == "deleted":
             tenant_id = (await make_tenant(gateway, "gone")).tenant_id
@@ -198,7 +198,7 @@ async def test_upload_to_unknown_or_deleted_tenant_is_404(gateway_settings, defa
 
 async def test_body_that_is_not_a_form_is_400(gateway_settings, default_engine):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         as_json = await client.post(adapters_url(acme.tenant_id), json={"name": "x"}, headers=admin.headers)
         assert as_json.status_code == 400 and "multipart/form-data" in as_json.json()["error"]["message"]
@@ -214,7 +214,7 @@ async def test_body_that_is_not_a_form_is_400(gateway_settings, default_engine):
 
 async def test_client_filenames_never_become_paths(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         files = [
             (key, (f"../../../{key}.evil", content, media))

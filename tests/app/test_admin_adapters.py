@@ -68,7 +68,7 @@ async def audit_actions(gateway) -> list[str]:
 @on_both_engines
 async def test_uploaded_adapter_answers_its_tenant_within_a_second(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         other = await make_tenant(gateway, "globex")
         warm = await client.post(CHAT, json=chat_body(default_engine.model_name, max_tokens=1), headers=acme.headers)
@@ -104,7 +104,7 @@ async def test_uploaded_adapter_answers_its_tenant_within_a_second(gateway_setti
 @on_both_engines
 async def test_list_get_load_unload_pin_delete_round_trip(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         first = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
         second = (await upload(client, admin, acme.tenant_id, "beta", tenant_adapters["beta"])).json()
@@ -166,7 +166,7 @@ async def test_list_get_load_unload_pin_delete_round_trip(gateway_settings, defa
 
 async def test_taken_name_is_409_unless_replaced(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         old = (await upload(client, admin, acme.tenant_id, "tone", tenant_adapters["alpha"])).json()
         store = gateway_settings.home / "adapters"
@@ -192,7 +192,7 @@ async def test_taken_name_is_409_unless_replaced(gateway_settings, default_engin
 
 async def test_concurrent_uploads_of_one_name_give_one_adapter(gateway_settings, default_engine, tenant_adapters):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         first, second = await asyncio.gather(
             upload(client, admin, acme.tenant_id, "twin", tenant_adapters["alpha"]),
@@ -212,7 +212,7 @@ async def test_same_bytes_under_two_names_share_files_until_both_are_deleted(
     gateway_settings, default_engine, tenant_adapters
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         acme = await make_tenant(gateway, "acme")
         globex = await make_tenant(gateway, "globex")
         mine = (await upload(client, admin, acme.tenant_id, "shared", tenant_adapters["alpha"])).json()
@@ -279,7 +279,7 @@ def server(gateway_settings, default_engine, monkeypatch) -> Iterator[LiveServer
 
 
 def _live_upload(server: LiveServer, http: httpx.Client, folder: Path) -> tuple[TenantKey, TenantKey, dict]:
-    admin = server.run(make_tenant(server.gateway, "ops", scopes=(Scope.ADMIN,)))
+    admin = server.run(make_tenant(server.gateway, "admin", scopes=(Scope.ADMIN,)))
     acme = server.run(make_tenant(server.gateway, "acme"))
     response = http.post(
         adapters_url(acme.tenant_id), data={"name": "pirate"}, files=adapter_files(folder), headers=admin.headers

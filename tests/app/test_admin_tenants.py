@@ -40,7 +40,7 @@ NO_SUCH_ID = "00000000-0000-4000-8000-000000000000"
 # Helpers (test_admin_keys.py uses them too) ------------------------------------------------------------------
 
 
-async def make_admin(gateway: Gateway, name: str = "ops") -> tuple[TenantKey, uuid.UUID]:
+async def make_admin(gateway: Gateway, name: str = "admin") -> tuple[TenantKey, uuid.UUID]:
     """A tenant with an admin key, and that key's id (the actor its audit rows name)."""
     admin = await make_tenant(gateway, name, scopes=("admin",))
     async with gateway.database.sessions() as session:
@@ -110,7 +110,7 @@ async def test_create_get_and_list_tenants(gateway_settings, default_engine) -> 
         assert (await client.get(f"/admin/tenants/{zeta['id']}", headers=admin.headers)).json() == zeta
         listing = await client.get("/admin/tenants", headers=admin.headers)
         assert listing.status_code == 200
-        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "ops", "zeta"]
+        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "admin", "zeta"]
         assert listing.json()["data"][2] == zeta
 
         rows = await audit_rows(gateway)
@@ -145,7 +145,7 @@ async def test_create_tenant_refuses_bad_fields_naming_them(gateway_settings, de
             assert_error(await client.post("/admin/tenants", json=body, headers=admin.headers), 400, param)
         assert [
             tenant["name"] for tenant in (await client.get("/admin/tenants", headers=admin.headers)).json()["data"]
-        ] == ["ops"]
+        ] == ["admin"]
         assert await audit_rows(gateway) == []
 
 
@@ -267,9 +267,9 @@ async def test_delete_revokes_keys_deletes_adapters_and_keeps_usage(
         names = [
             tenant["name"] for tenant in (await client.get("/admin/tenants", headers=admin.headers)).json()["data"]
         ]
-        assert names == ["ops"]
+        assert names == ["admin"]
         listing = await client.get("/admin/tenants", params={"include_deleted": "true"}, headers=admin.headers)
-        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "ops"]
+        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "admin"]
         assert (await client.get(f"/admin/tenants/{acme.tenant_id}", headers=admin.headers)).json() == deleted
         assert_error(
             await client.patch(f"/admin/tenants/{acme.tenant_id}", json={"status": "active"}, headers=admin.headers),
@@ -293,19 +293,16 @@ async def test_delete_revokes_keys_deletes_adapters_and_keeps_usage(
         }
 
 
-async def test_a_caller_cannot_disable_or_delete_its_own_tenant(gateway_settings, default_engine) -> None:
+async def test_the_admin_tenant_cannot_be_disabled_deleted_or_renamed(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         admin, _ = await make_admin(gateway)
         path = f"/admin/tenants/{admin.tenant_id}"
-        assert (
-            "lock"
-            in assert_error(await client.patch(path, json={"status": "disabled"}, headers=admin.headers), 409)[
-                "message"
-            ]
-        )
-        assert_error(await client.delete(path, headers=admin.headers), 409)
+        for method, body in (("PATCH", {"status": "disabled"}), ("PATCH", {"name": "platform"}), ("DELETE", None)):
+            error = assert_error(await call(client, method, path, admin.headers, body), 409)
+            assert "holds the platform's admin keys" in error["message"]
         assert (await client.patch(path, json={"rpm_limit": 100}, headers=admin.headers)).status_code == 200
         assert (await client.get("/admin/tenants", headers=admin.headers)).status_code == 200
+        assert [row.action for row in await audit_rows(gateway)] == ["tenant.update"]
 
 
 async def test_every_tenant_route_needs_an_admin_key(gateway_settings, default_engine) -> None:
@@ -330,7 +327,7 @@ async def test_every_tenant_route_needs_an_admin_key(gateway_settings, default_e
                 assert_error(await call(client, method, path, acme.headers, {"bogus": True}), 403)
                 assert_error(await call(client, method, path, {}, {"bogus": True}), 401)
         listing = await client.get("/admin/tenants", headers=admin.headers)
-        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "ops"]
+        assert [tenant["name"] for tenant in listing.json()["data"]] == ["acme", "admin"]
         assert (await client.get("/v1/models", headers=acme.headers)).status_code == 200
         assert await audit_rows(gateway) == []
 

@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 import pytest
 
 from app.db.tables import Adapter, Tenant, UsageEvent
+from app.keys.service import create_api_key
 from app.services import Gateway
 from tests.app.gateway_fixtures import gateway_client, make_tenant
 
@@ -72,7 +73,7 @@ class Seeded:
 
 async def seed(gateway: Gateway, events: list[Event]) -> Seeded:
     """Tenants, adapters and usage rows written straight to the tables, plus an admin and an inference key."""
-    admin = await make_tenant(gateway, "ops", scopes=("admin",))
+    admin = await make_tenant(gateway, "admin", scopes=("admin",))
     user = await make_tenant(gateway, "user")
     tenant_ids: dict[str, uuid.UUID] = {}
     adapter_ids: dict[tuple[str, str], uuid.UUID] = {}
@@ -261,7 +262,7 @@ async def test_csv_has_the_json_rows(gateway_settings, default_engine) -> None:
 )
 async def test_bad_parameters_are_400_naming_the_parameter(gateway_settings, default_engine, params, param) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         response = await client.get(USAGE, params=params, headers=admin.headers)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
@@ -271,7 +272,7 @@ async def test_bad_parameters_are_400_naming_the_parameter(gateway_settings, def
 
 async def test_a_range_of_366_days_is_allowed(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         response = await client.get(USAGE, params={"start": "2024-01-01", "end": "2024-12-31"}, headers=admin.headers)
         assert response.status_code == 200, response.text
 
@@ -287,3 +288,37 @@ async def test_needs_an_admin_key(gateway_settings, default_engine) -> None:
         assert inference_only.json()["error"]["code"] == "insufficient_permissions"
         csv_too = await client.get(USAGE, params={"format": "csv"}, headers=user.headers)
         assert csv_too.status_code == 403
+
+
+async def test_a_tenant_admin_gets_its_own_tenants_rows_only(gateway_settings, default_engine) -> None:
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        seeded = await seed(gateway, EVENTS)
+        acme, globex = str(seeded.tenant_ids["acme"]), str(seeded.tenant_ids["globex"])
+        async with gateway.database.sessions() as session, session.begin():
+            _, plaintext = await create_api_key(
+                session,
+                tenant_id=seeded.tenant_ids["acme"],
+                name="ops",
+                scopes=["tenant-admin"],
+                key_secret=gateway.key_secret,
+            )
+        headers = {"Authorization": f"Bearer {plaintext}"}
+        every_day = {"start": "2026-03-01", "end": "2026-03-06"}
+        acme_rows = [
+            row for row in expected_rows(seeded, EVENTS, date(2026, 3, 1), date(2026, 3, 6)) if row["tenant_id"] == acme
+        ]
+        assert acme_rows and len(acme_rows) < len(expected_rows(seeded, EVENTS, date(2026, 3, 1), date(2026, 3, 6)))
+        for params in (every_day, {**every_day, "tenant_id": acme}):
+            response = await client.get(USAGE, params=params, headers=headers)
+            assert response.status_code == 200, response.text
+            assert response.json()["data"] == acme_rows
+        exported = await client.get(USAGE, params={**every_day, "format": "csv"}, headers=headers)
+        assert {row["tenant_id"] for row in csv.DictReader(io.StringIO(exported.text))} == {acme}
+
+        # Another tenant's rows: 404 as for a tenant that does not exist; its adapter's filter finds nothing.
+        for tenant_id in (globex, str(uuid.uuid4())):
+            refused = await client.get(USAGE, params={**every_day, "tenant_id": tenant_id}, headers=headers)
+            assert refused.status_code == 404, refused.text
+        theirs = str(seeded.adapter_ids["globex", "support"])
+        response = await client.get(USAGE, params={**every_day, "adapter_id": theirs}, headers=headers)
+        assert response.json()["data"] == []

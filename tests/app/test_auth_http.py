@@ -84,7 +84,7 @@ async def test_expired_key_and_disabled_tenant_are_refused(gateway_settings, def
 
 async def test_admin_only_key_cannot_call_inference(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=(Scope.ADMIN,))
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
         response = await client.post(
             "/v1/chat/completions", json=chat_body(default_engine.model_name), headers=admin.headers
         )

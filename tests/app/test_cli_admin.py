@@ -43,7 +43,7 @@ def server(gateway_settings, default_engine) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def admin_key(server: LiveServer) -> str:
-    return server.run(make_tenant(server.gateway, "ops", scopes=("admin",))).key
+    return server.run(make_tenant(server.gateway, "admin", scopes=("admin",))).key
 
 
 def runner_for(url: str, admin_key: str | None) -> Loraplex:
@@ -304,3 +304,24 @@ def test_limits_and_weight_of_tenants_and_keys(loraplex: Loraplex) -> None:
     assert "nothing to change" in failed_with_one_line(loraplex("keys", "limit", made["id"]))
     refused = loraplex("keys", "limit", made["id"], "--rpm", "-3")
     assert refused.exit_code != 0 and "below 0" in refused.stderr
+
+
+def test_a_tenant_admin_key_manages_its_own_tenant_by_name(server: LiveServer, loraplex: Loraplex) -> None:
+    succeeded(loraplex("tenants", "create", "acme"))
+    succeeded(loraplex("tenants", "create", "globex"))
+    refused = failed_with_one_line(loraplex("keys", "create", "acme", "--scope", "admin"))
+    assert "only keys of the `admin` tenant may hold it" in refused
+    ops_key = one_key(succeeded(loraplex("keys", "create", "acme", "--name", "ops", "--scope", "tenant-admin")))
+    ops = runner_for(server.url, ops_key)
+
+    made = succeeded(ops("keys", "create", "acme", "--name", "backend"))
+    assert made.startswith("created key backend (") and "for tenant acme (scopes inference)" in made
+    assert wait_for_status(server.url, one_key(made), 200) == 200
+    assert [row["NAME"] for row in table(succeeded(ops("keys", "list", "acme")))] == ["ops", "backend"]
+    assert json.loads(succeeded(ops("usage", "export", "--format", "json")))["data"] == []
+
+    other = failed_with_one_line(ops("keys", "list", "globex"))
+    assert other == "this tenant-admin key manages only the tenant 'acme', not 'globex'"
+    assert "manages only its own tenant's (acme)" in failed_with_one_line(ops("tenants", "list"))
+    assert "manages only its own tenant's (acme)" in failed_with_one_line(ops("tenants", "create", "evil"))
+    assert succeeded(loraplex("keys", "list", "globex")) == "no keys\n"

@@ -77,12 +77,12 @@ def test_the_admin_console_in_a_real_browser(
     server: LiveServer, page: Page, tenant_adapters, default_engine, tmp_path_factory
 ) -> None:
     shots = screenshot_dir(tmp_path_factory)
-    admin = server.run(make_tenant(server.gateway, "ops", scopes=("admin",)))
+    admin = server.run(make_tenant(server.gateway, "admin", scopes=("admin",)))
     user = server.run(make_tenant(server.gateway, "someone"))
 
     # A key without the admin scope is refused at sign-in, in words.
     sign_in(page, server, user.key)
-    expect(page.get_by_role("alert")).to_contain_text("lacks the `admin` scope")
+    expect(page.get_by_role("alert")).to_contain_text("lacks the `admin` or `tenant-admin` scope")
     shoot(page, shots, "sign-in")
     sign_in(page, server, admin.key)
     expect(page).to_have_url(f"{server.url}/console/tenants")

@@ -63,7 +63,7 @@ def random_text(rng: random.Random) -> str:
 async def test_console_forms_survive_hostile_input(gateway_settings, default_engine) -> None:
     rng = random.Random()
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         victim = await make_tenant(gateway, "victim")
         async with gateway.database.sessions() as session:
             key_id = await session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == victim.tenant_id))

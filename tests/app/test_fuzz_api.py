@@ -29,8 +29,8 @@ from tests.app.fuzz_plan import (
 from tests.app.live_server import LiveServer, live_server
 
 MAX_EXAMPLES = 20  # random requests per operation, after its examples and boundary values: keeps the file short
-NUM_OPERATIONS = 28  # every route of docs/api.md and docs/admin.md, operations routes included
-NUM_ADMIN_OPERATIONS = 18
+NUM_OPERATIONS = 29  # every route of docs/api.md and docs/admin.md, operations routes included
+NUM_ADMIN_OPERATIONS = 19
 REACHED = (  # operations that must succeed at least once: the fuzzer reaches past validation into real work
     "POST /v1/chat/completions",
     "POST /v1/completions",

@@ -24,6 +24,7 @@ from app.keys.auth_errors import (
     MissingApiKeyError,
     MissingScopeError,
     RevokedApiKeyError,
+    ScopeNotValidInTenantError,
     TenantDisabledError,
 )
 from app.keys.authenticator import OUTAGE_RETRY_S, Authenticator, Principal
@@ -34,7 +35,7 @@ from app.keys.secrets import (
     key_prefix,
     load_or_create_key_secret,
 )
-from app.keys.service import Scope, create_api_key, revoke_api_key
+from app.keys.service import ADMIN_TENANT, Scope, create_api_key, revoke_api_key
 from app.web.errors import (
     ApiError,
     AuthenticationError,
@@ -168,7 +169,7 @@ def test_a_configured_key_secret_wins_and_creates_no_file(tmp_path: Path) -> Non
 async def test_the_database_keeps_the_prefix_and_a_keyed_hash_never_the_plaintext(
     database: Database, tenant_id: uuid.UUID
 ) -> None:
-    key, plaintext = await make_key(database, tenant_id, scopes=[Scope.ADMIN, Scope.INFERENCE])
+    key, plaintext = await make_key(database, tenant_id, scopes=[Scope.TENANT_ADMIN, Scope.INFERENCE])
     assert key.prefix == key_prefix(plaintext)
     assert key.created_at is not None
     async with database.engine.connect() as connection:
@@ -179,7 +180,7 @@ async def test_the_database_keeps_the_prefix_and_a_keyed_hash_never_the_plaintex
     assert plaintext not in row_text
     assert stored.prefix == key.prefix
     assert bytes(stored.secret_hash) == hash_api_key(KEY_SECRET, plaintext)
-    assert sorted(stored.scopes) == ["admin", "inference"]
+    assert sorted(stored.scopes) == ["inference", "tenant-admin"]
 
 
 @pytest.mark.parametrize(
@@ -188,6 +189,8 @@ async def test_the_database_keeps_the_prefix_and_a_keyed_hash_never_the_plaintex
         (["inference", "billing"], None, "'billing'"),
         ([], None, "at least one scope"),
         (["inference"], timedelta(hours=-1), "in the past"),
+        (["admin"], None, "only keys of the `admin` tenant may hold it"),
+        (["inference", "admin"], None, "only keys of the `admin` tenant may hold it"),
     ],
 )
 async def test_create_api_key_refuses_bad_input_and_says_why(
@@ -230,11 +233,11 @@ async def test_revoke_api_key_stamps_the_time_once_and_refuses_an_unknown_id(
 
 
 async def test_a_good_key_gives_its_principal(database: Database, tenant_id: uuid.UUID) -> None:
-    key, plaintext = await make_key(database, tenant_id, scopes=[Scope.INFERENCE, Scope.ADMIN])
+    key, plaintext = await make_key(database, tenant_id, scopes=[Scope.INFERENCE, Scope.TENANT_ADMIN])
     authenticator = Authenticator(database, KEY_SECRET)
-    principal = await authenticator.authenticate(bearer(plaintext), Scope.ADMIN)
+    principal = await authenticator.authenticate(bearer(plaintext), Scope.TENANT_ADMIN)
     assert principal == Principal(
-        key_id=key.id, tenant_id=tenant_id, tenant_name=TENANT_NAME, scopes=frozenset({"inference", "admin"})
+        key_id=key.id, tenant_id=tenant_id, tenant_name=TENANT_NAME, scopes=frozenset({"inference", "tenant-admin"})
     )
     assert await authenticator.authenticate(f"  bearer   {plaintext} ", Scope.INFERENCE) == principal
 
@@ -293,10 +296,10 @@ async def test_a_revoked_or_expired_key_gets_401_saying_so(database: Database, t
 
 async def test_a_disabled_tenant_or_a_missing_scope_gets_403(database: Database, tenant_id: uuid.UUID) -> None:
     inference_key, inference_plaintext = await make_key(database, tenant_id, scopes=[Scope.INFERENCE])
-    _, admin_plaintext = await make_key(database, tenant_id, scopes=[Scope.ADMIN])
+    _, admin_plaintext = await make_key(database, tenant_id, scopes=[Scope.TENANT_ADMIN])
     authenticator = Authenticator(database, KEY_SECRET, cache_ttl_s=0)
-    with pytest.raises(MissingScopeError, match=f"{inference_key.prefix} lacks the `admin` scope") as caught:
-        await authenticator.authenticate(bearer(inference_plaintext), Scope.ADMIN)
+    with pytest.raises(MissingScopeError, match=f"{inference_key.prefix} lacks the `tenant-admin` scope") as caught:
+        await authenticator.authenticate(bearer(inference_plaintext), Scope.TENANT_ADMIN)
     assert isinstance(caught.value, PermissionDeniedError) and caught.value.status == 403
     with pytest.raises(MissingScopeError, match="`inference` scope"):
         await authenticator.authenticate(bearer(admin_plaintext), Scope.INFERENCE)
@@ -305,6 +308,34 @@ async def test_a_disabled_tenant_or_a_missing_scope_gets_403(database: Database,
     with pytest.raises(TenantDisabledError, match=f"`{TENANT_NAME}` is disabled") as caught:
         await authenticator.authenticate(bearer(inference_plaintext), Scope.INFERENCE)
     assert caught.value.status == 403
+
+
+async def test_a_scope_the_tenant_cannot_hold_counts_for_nothing(database: Database, tenant_id: uuid.UUID) -> None:
+    generated = generate_api_key()
+    async with database.sessions() as session, session.begin():  # stored as earlier versions let the API store it
+        session.add(
+            ApiKey(
+                tenant_id=tenant_id,
+                name="old-admin",
+                prefix=generated.prefix,
+                secret_hash=hash_api_key(KEY_SECRET, generated.plaintext),
+                scopes=[Scope.ADMIN, Scope.INFERENCE],
+            )
+        )
+    authenticator = Authenticator(database, KEY_SECRET, cache_ttl_s=0)
+    for scopes in ((Scope.ADMIN,), (Scope.ADMIN, Scope.TENANT_ADMIN)):
+        with pytest.raises(ScopeNotValidInTenantError, match="only keys of the `admin` tenant may hold it") as caught:
+            await authenticator.authenticate(bearer(generated.plaintext), *scopes)
+        assert caught.value.status == 403
+    principal = await authenticator.authenticate(bearer(generated.plaintext), Scope.INFERENCE)
+    assert principal.scopes == frozenset({Scope.INFERENCE})
+
+    # In the admin tenant the same scopes hold; a tenant-admin key stored there would count for nothing.
+    await execute(database, update(Tenant).where(Tenant.id == tenant_id).values(name=ADMIN_TENANT))
+    principal = await authenticator.authenticate(bearer(generated.plaintext), Scope.ADMIN, Scope.TENANT_ADMIN)
+    assert principal.scopes == frozenset({Scope.ADMIN, Scope.INFERENCE})
+    with pytest.raises(BadRequestError, match="give this key the `admin` scope"):
+        await make_key(database, tenant_id, scopes=[Scope.TENANT_ADMIN])
 
 
 # The cache
@@ -322,7 +353,7 @@ async def test_a_cached_key_costs_no_query_and_neither_does_a_repeated_wrong_key
         for _ in range(3):
             await authenticator.authenticate(bearer(plaintext), Scope.INFERENCE)
         with pytest.raises(MissingScopeError):
-            await authenticator.authenticate(bearer(plaintext), Scope.ADMIN)
+            await authenticator.authenticate(bearer(plaintext), Scope.TENANT_ADMIN)
         assert len(statements) == 1
         for _ in range(3):
             with pytest.raises(IncorrectApiKeyError):

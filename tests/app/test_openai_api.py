@@ -142,7 +142,7 @@ async def test_stream_without_include_usage_has_no_usage_chunk(gateway_settings,
 async def test_requests_reach_the_engine_as_their_tenant_with_its_weight(gateway_settings, default_engine) -> None:
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         acme = await make_tenant(gateway, "acme")
-        admin = await make_tenant(gateway, "ops", scopes=("admin",))
+        admin = await make_tenant(gateway, "admin", scopes=("admin",))
         patch = await client.patch(
             f"/admin/tenants/{acme.tenant_id}", json={"fair_share_weight": 4.0}, headers=admin.headers
         )

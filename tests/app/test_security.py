@@ -316,7 +316,7 @@ async def test_every_admin_route_refuses_inference_keys_and_anonymous_callers(ga
             for caller in (acme, both):
                 response = await client.request(method, path, headers=caller.headers, **body)
                 error = assert_error(response, 403)
-                assert "`admin` scope" in error["message"], (method, path)
+                assert "`admin` or `tenant-admin` scope" in error["message"], (method, path)
             assert_error(await client.request(method, path, **body), 401)
         async with gateway.database.sessions() as session:
             assert list(await session.scalars(select(AuditLog))) == []
