@@ -228,13 +228,14 @@ async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_tha
 
 
 # Renders that pass the upload's sample and meet their attack on a conversation that names it; each is refused
-# by its bound (time or size) while the gateway goes on answering.
+# by its bound (time or size) while the gateway goes on answering. Each would pass both bounds by far on any
+# machine, so none depends on how fast this one is (the json one's output alone passes the size bound).
 ATTACKS_BY_WORD = {
     "loops": NESTED_LOOPS,
-    "unique": "{{ ((range(100000) | list) * 5) | unique | list | length }}",
+    "unique": "{{ ((range(100000) | list) * 40) | unique | list | length }}",
     "frames": "{% macro f(n, s) %}{% if n > 0 %}{{ f(n - 1, s ~ 'x') }}{% endif %}{% endmacro %}"
     "{{ f(300, 'x' * 4000000) }}",
-    "json": "{% set l = range(100000) | list %}{{ [l, l, l, l] | tojson(indent=2) | length }}",
+    "json": "{% set l = range(100000) | list %}{{ [" + ", ".join(["l"] * 16) + "] | tojson(indent=2) | length }}",
     "doubling": "{% macro d(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='x') %}"
     "{% for i in range(64) %}{% set ns.s = d(ns.s) %}{% endfor %}",
 }
