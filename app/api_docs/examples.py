@@ -81,6 +81,13 @@ RESPONSE_EXAMPLES: dict[str, dict[str, Any]] = {
     "KeyOut": {**_KEY, "revoked_at": None, "last_used_at": "2026-11-22T10:02:00Z"},
     "KeyList": {"data": [{**_KEY, "revoked_at": None, "last_used_at": "2026-11-22T10:02:00Z"}]},
     "KeyCreated": {**_KEY, "key": "lpx_k3v9q2xa_3q0yVw3l9mP1h3VbV8sKJk2R6c0oZ8nTq5uXyWm1aBc"},
+    "CallerOut": {
+        "key_id": _KEY["id"],
+        "tenant_id": _TENANT["id"],
+        "tenant_name": _TENANT["name"],
+        "scopes": ["tenant-admin"],
+        "tenant_scope": _TENANT["id"],
+    },
     "ErrorBody": {
         "error": {
             "message": "The model `pirate` does not exist or you do not have access to it.",

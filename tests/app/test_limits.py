@@ -10,6 +10,7 @@ table). test_limits_redis.py has what only Redis does: replicas sharing it, leas
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -250,11 +251,16 @@ class FakeEngine:
 
 
 class FakeWriter:
+    """Keeps the records; each is durable at once (the future UsageWriter.record hands back, already done)."""
+
     def __init__(self) -> None:
         self.records: list[UsageRecord] = []
 
-    def record(self, record: UsageRecord) -> None:
+    def record(self, record: UsageRecord) -> concurrent.futures.Future[None]:
         self.records.append(record)
+        durable: concurrent.futures.Future[None] = concurrent.futures.Future()
+        durable.set_result(None)
+        return durable
 
 
 def run_of(admission: Admission, principal: Principal) -> Run:
