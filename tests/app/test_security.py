@@ -242,8 +242,7 @@ async def test_the_upload_has_its_own_cap_of_adapter_megabytes(
         ok = await client.post(adapters_url(acme.tenant_id), data={"name": "a"}, files=files, headers=admin.headers)
         assert ok.status_code == 201, ok.text
     settings = dataclasses.replace(settings, max_adapter_bytes=num_bytes // 2)
-    async with gateway_client(settings, default_engine) as (client, gateway):
-        admin, _ = await make_admin(gateway, "ops2")
+    async with gateway_client(settings, default_engine) as (client, gateway):  # the same database: the same key
         response = await client.post(
             adapters_url(acme.tenant_id), data={"name": "b"}, files=files, headers=admin.headers
         )
