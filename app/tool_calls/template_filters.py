@@ -31,6 +31,9 @@ from app.tool_calls.template_sizes import (
 
 MAX_ROUND_DIGITS = 100  # round's precision either way: ``ceil`` and a negative one build 10**precision
 MAX_SLICES = 100_000  # as many lists as ``range`` may count
+# Jinja's ``sort`` calls a Python key function on every item, in one C call the render's clock cannot stop;
+# templates sort a handful of keys or tools.
+MAX_SORT_ITEMS = 10_000
 # Jinja's ``title`` splits its text into a Python list of words first, ~50 bytes a character; templates
 # title-case a role's name.
 MAX_TITLE_CHARS = 64 * 1024
@@ -162,6 +165,20 @@ def _slice(value: Iterable[Any], slices: int, fill_with: Any = None) -> Iterator
     return jinja_filters.sync_do_slice(value, slices, fill_with)  # type: ignore[arg-type]
 
 
+@jinja2.pass_environment
+def _sort(
+    environment: jinja2.Environment,
+    value: Iterable[Any],
+    reverse: bool = False,
+    case_sensitive: bool = False,
+    attribute: Any = None,
+) -> list[Any]:
+    items = list(value)
+    if len(items) > MAX_SORT_ITEMS:
+        raise TemplateBoundError(f"the `sort` filter sorts at most {MAX_SORT_ITEMS} items, not {len(items)}")
+    return jinja_filters.sync_do_sort(environment, items, reverse, case_sensitive, attribute)
+
+
 def _tojson(
     value: Any,
     ensure_ascii: bool = False,
@@ -189,6 +206,7 @@ _BOUNDED: dict[str, Callable[..., Any]] = {
     "round": _round,
     "title": _title,
     "slice": _slice,
+    "sort": _sort,
     "tojson": _tojson,
 }
 
