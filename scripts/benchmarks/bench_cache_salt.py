@@ -88,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     result["computed_ratio"] = round(computed_ratio, 3)
     for mode in MODES:
         figures = result[mode]
-        print(
+        sys.stdout.write(
             f"{mode:>7}: hit rate {figures['hit_rate']:.1%}, {figures['prompt_tokens_computed']} prompt tokens "
-            f"computed, median TTFT {figures['median_ttft_ms']} ms"
+            f"computed, median TTFT {figures['median_ttft_ms']} ms\n"
         )
-    print(f"salted computes {computed_ratio:.2f}x the prompt tokens of shared")
+    sys.stdout.write(f"salted computes {computed_ratio:.2f}x the prompt tokens of shared\n")
     if args.json:
-        print(json.dumps(result))
+        sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 
