@@ -8,6 +8,7 @@ where the bounds are checked).
 from __future__ import annotations
 
 import re
+from itertools import chain, repeat
 from typing import Any
 
 MAX_VALUE_SIZE = 4 * 1024 * 1024  # characters: a prompt past 4 MiB fits no context this server serves
@@ -16,8 +17,10 @@ MAX_INT_BITS = 1 << 16  # ~19700 decimal digits; Python refuses to print an int 
 MAX_JSON_INDENT = 64  # tojson's indent, in spaces; real templates use 2 or 4
 
 _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d*))?[hlL]?([diouxXeEfFgGcrsab%])")
-_STRING_TYPES = frozenset({str, bytes, bytearray})
-_SCALAR_TYPES = frozenset({int, float, bool, type(None)})
+_STRING_TYPES = (str, bytes, bytearray)
+_SCALAR_TYPES = (int, float, type(None))
+_SEQUENCE_TYPES = (list, tuple, set, frozenset)
+_MEASURED_TYPES = (*_STRING_TYPES, *_SEQUENCE_TYPES, dict)
 
 
 class TemplateBoundError(Exception):
@@ -25,28 +28,42 @@ class TemplateBoundError(Exception):
 
 
 def size_of(value: Any) -> int:
-    """Characters of a string, or ``ITEM_SIZE`` per item plus their sizes for a container; stops past the bound."""
+    """Characters of a string, or ``ITEM_SIZE`` per item plus their sizes for a container; stops past the bound.
+
+    A level of nesting at a time, each measured by passes that run in C (a render's clock cannot stop a Python
+    loop here, so none runs once per item): a list of 100,000 pairs costs a few passes, not 100,000 steps.
+    """
+    if isinstance(value, _STRING_TYPES):
+        return len(value)
+    if not isinstance(value, (*_SEQUENCE_TYPES, dict)):
+        return 1
     total = 0
-    stack = [value]
-    while stack and total <= MAX_VALUE_SIZE:
-        item = stack.pop()
-        if isinstance(item, str | bytes | bytearray):
-            total += len(item)
-        elif isinstance(item, list | tuple | set | frozenset | dict):
-            total += ITEM_SIZE * (1 + len(item) * (2 if isinstance(item, dict) else 1))
-            if total > MAX_VALUE_SIZE:
-                break
-            elements = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            element_types = set(map(type, elements))  # one pass in C: most lists hold only strings or numbers
-            if element_types <= _SCALAR_TYPES:
-                continue
-            if element_types <= _STRING_TYPES:
-                total += sum(map(len, elements))
-            else:
-                stack.extend(elements)
-        else:
-            total += 1
+    levels = [[value]]  # lists of values each of whose own size is still to add
+    while levels and total <= MAX_VALUE_SIZE:
+        elements = levels.pop()
+        if _all_are(elements, _SCALAR_TYPES):
+            continue
+        if _all_are(elements, _STRING_TYPES):
+            total += sum(map(len, elements))
+        elif _all_are(elements, _SEQUENCE_TYPES):
+            total += ITEM_SIZE * (len(elements) + sum(map(len, elements)))
+            if total <= MAX_VALUE_SIZE:
+                levels.append(list(chain.from_iterable(elements)))
+        elif _all_are(elements, dict):
+            total += ITEM_SIZE * (len(elements) + 2 * sum(map(len, elements)))
+            if total <= MAX_VALUE_SIZE:
+                levels.append(list(chain.from_iterable(map(dict.keys, elements))))
+                levels.append(list(chain.from_iterable(map(dict.values, elements))))
+        else:  # mixed: a level for each kind, which the passes above then measure
+            levels.append([item for item in elements if isinstance(item, _STRING_TYPES)])
+            levels.append([item for item in elements if isinstance(item, _SEQUENCE_TYPES)])
+            levels.append([item for item in elements if isinstance(item, dict)])
+            total += sum(1 for item in elements if not isinstance(item, _MEASURED_TYPES))
     return total
+
+
+def _all_are(elements: list[Any], types: type | tuple[type, ...]) -> bool:
+    return all(map(isinstance, elements, repeat(types)))
 
 
 def refuse_past_bound(size: int, what: str) -> None:
