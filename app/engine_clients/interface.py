@@ -56,6 +56,10 @@ class EngineClient(Protocol):
         """The token ids of a prompt a chat template rendered (no special token added)."""
         ...
 
+    def special_tokens(self) -> dict[str, str]:
+        """The tokenizer's named special tokens (``bos_token``, ``eos_token``, ...), which a chat template writes."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of token ids as the model's tokenizer writes it (special tokens kept), for ``echo``."""
         ...

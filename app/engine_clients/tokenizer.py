@@ -21,6 +21,8 @@ class GatewayTokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, token_bytes: TokenBytes | None = None) -> None:
         self.tokenizer = tokenizer
         self._token_bytes = token_bytes or TokenBytes(tokenizer)
+        self.special_tokens: dict[str, str] = dict(tokenizer.special_tokens_map)
+        """The named special tokens (``bos_token``, ``eos_token``, ...) as a chat template sees them."""
 
     @classmethod
     def load(cls, model_folder: str | Path) -> GatewayTokenizer:
@@ -82,6 +84,9 @@ class TokenizingClient:
 
     def encode_rendered(self, text: str) -> list[int]:
         return self.tokenizer.encode_rendered(text)
+
+    def special_tokens(self) -> dict[str, str]:
+        return self.tokenizer.special_tokens
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)

@@ -13,6 +13,7 @@ sample conversation with tools and calls before one is accepted, saying what wen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -55,6 +56,11 @@ SAMPLE_MESSAGES: list[dict[str, Any]] = [
     {"role": "assistant", "content": "It is 18 C and sunny in Paris."},
     {"role": "user", "content": "And in Rome?"},
 ]
+
+
+# What a template sees for the tokenizer's special tokens when no tokenizer is at hand (the sample renders that check
+# a template): a template that writes them or adds them to text still renders.
+NO_SPECIAL_TOKENS: Mapping[str, str] = {"bos_token": "", "eos_token": ""}
 
 
 class ChatTemplateError(ValueError):
@@ -140,15 +146,24 @@ class ChatTemplate:
         return cls(source, max_render_seconds=None)
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        special_tokens: Mapping[str, str] = NO_SPECIAL_TOKENS,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text; ChatTemplateError if the template fails on this conversation."""
+        """The prompt text; ChatTemplateError if the template fails on this conversation.
+
+        ``special_tokens``: the model's tokenizer's named special tokens (``bos_token``, ``eos_token``, ...), which
+        the template sees as transformers' ``apply_chat_template`` shows them; it writes them itself, so the text is
+        encoded without adding any.
+        """
         context = {
+            **special_tokens,
             "messages": messages,
             "tools": tools or None,
             "add_generation_prompt": add_generation_prompt,
-            "bos_token": "",
-            "eos_token": "",
         }
         try:
             if self.max_render_seconds is None:

@@ -70,6 +70,9 @@ class InstantEngine:
     def encode_rendered(self, text: str) -> list[int]:
         return _ids_for(len(text) // CHARS_PER_TOKEN)
 
+    def special_tokens(self) -> dict[str, str]:
+        return {}
+
     def decode(self, token_ids: list[int]) -> str:
         return WORD * len(token_ids)
 

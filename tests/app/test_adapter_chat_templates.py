@@ -108,6 +108,30 @@ async def test_an_adapters_template_and_format_serve_its_requests_and_the_base_k
         assert base_choice["message"]["content"].startswith("[")
 
 
+async def test_an_adapters_template_writes_the_models_special_tokens(gateway_settings, default_engine, tenant_adapters):
+    # A Llama- or Mistral-style template writes the BOS itself; the prompt holds it, encoded as the one special token.
+    template = "{{ bos_token }}" + PYTHONIC_TEMPLATE
+    async with gateway_client(gateway_settings, default_engine) as (client, gateway):
+        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
+        acme = await make_tenant(gateway, "acme")
+        files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, template.encode())]
+        uploaded = await client.post(
+            adapters_url(acme.tenant_id), data={"name": "bos"}, files=files, headers=admin.headers
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        asked = await client.post(
+            CHAT, json={"model": "bos", "messages": ASK, "max_tokens": 1, "temperature": 0}, headers=acme.headers
+        )
+        assert asked.status_code == 200, asked.text
+    special_tokens = default_engine.special_tokens()
+    rendered = ChatTemplate(template).render(ASK, None, special_tokens=special_tokens)
+    assert rendered.startswith(special_tokens["bos_token"])
+    without_bos = default_engine.encode_rendered(ChatTemplate(PYTHONIC_TEMPLATE).render(ASK, None))
+    assert (
+        asked.json()["usage"]["prompt_tokens"] == len(default_engine.encode_rendered(rendered)) == len(without_bos) + 1
+    )
+
+
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 # (case id, the form's extra fields, its extra parts, the part the 400 names, words the message must hold)

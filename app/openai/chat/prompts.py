@@ -60,17 +60,23 @@ async def chat_prompt_ids(
     else:
         flattened = render_messages(body, plan)
         return await _tokenize(lambda: engine.encode_chat(flattened), num_chars)
+    special_tokens = engine.special_tokens()
     if style.tenant_supplied:  # its cost is the tenant's to choose: never on the loop every stream shares
-        text = await asyncio.to_thread(_rendered, template, messages, tools)
+        text = await asyncio.to_thread(_rendered, template, messages, tools, special_tokens)
     else:
-        text = _rendered(template, messages, tools)
+        text = _rendered(template, messages, tools, special_tokens)
     _refuse_text_beyond_context(len(text), engine, "messages")
     return await _tokenize(lambda: engine.encode_rendered(text), len(text))
 
 
-def _rendered(template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+def _rendered(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    special_tokens: dict[str, str],
+) -> str:
     try:
-        return template.render(messages, tools)
+        return template.render(messages, tools, special_tokens=special_tokens)
     except ChatTemplateError as error:
         raise BadRequestError(
             f"This model's chat template cannot render these messages: {error}.", param="messages"
