@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 from jinja2 import meta, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 
 from app.tool_calls.render_deadline import RenderDeadlineError, charge, run_with_deadline
 from app.tool_calls.template_sandbox import BoundedSandboxedEnvironment
@@ -87,8 +89,24 @@ def _strftime_now(fmt: Any) -> str:
     return datetime.now(UTC).strftime(text)
 
 
+class _GenerationBlocks(Extension):
+    """``{% generation %}...{% endgeneration %}``, which transformers' templates use to mark the assistant's text for
+    training masks: what is inside renders as it is."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
 def _environment() -> BoundedSandboxedEnvironment:
-    environment = BoundedSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    """Jinja as transformers sets it up for chat templates (blocks trimmed, ``break`` and ``continue``, the
+    ``generation`` block), in the bounded sandbox."""
+    environment = BoundedSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, autoescape=False, extensions=[loopcontrols, _GenerationBlocks]
+    )
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     return environment

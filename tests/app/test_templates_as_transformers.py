@@ -1,4 +1,5 @@
-"""A chat template sees the model's special tokens as transformers' ``apply_chat_template`` shows them.
+"""A chat template renders as transformers' ``apply_chat_template`` renders it: the model's special tokens, loop
+controls, and the ``generation`` block.
 
 Three families' own templates (tests/app/data/chat_templates: Meta-Llama-3-8B-Instruct's, Mistral-7B-Instruct-v0.1's
 and Llama-2-7b-chat's, as their tokenizer_config.json carries them) write ``bos_token`` before the conversation or
@@ -84,3 +85,18 @@ def test_a_familys_template_renders_and_encodes_as_transformers_does(
         assert (ids.count(bos_id), ids.count(eos_id)) == (1, num_answers)
     else:  # each [INST] opens with a BOS; each answer ends with EOS
         assert (ids.count(bos_id), ids.count(eos_id)) == (num_answers + 1, num_answers)
+
+
+def test_loop_controls_and_generation_blocks_render_as_transformers_does() -> None:
+    source = (
+        "{{ bos_token }}{% for message in messages %}{% if message.role == 'system' %}{% continue %}{% endif %}"
+        "{% if loop.index > 3 %}{% break %}{% endif %}{% if message.role == 'assistant' %}{% generation %}"
+        "{{ message.content + eos_token }}{% endgeneration %}{% else %}{{ message.role }}: {{ message.content }}\n"
+        "{% endif %}{% endfor %}"
+    )
+    tokenizer = _family_tokenizer("<s>", "</s>", [])
+    ours = ChatTemplate(source).render(WITH_SYSTEM, None, special_tokens=GatewayTokenizer(tokenizer).special_tokens)
+    theirs = tokenizer.apply_chat_template(
+        WITH_SYSTEM, chat_template=source, tokenize=False, add_generation_prompt=True
+    )
+    assert ours == theirs == "<s>user: What is the capital of France?\nParis.</s>"
