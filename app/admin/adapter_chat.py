@@ -14,8 +14,8 @@ import hashlib
 from dataclasses import dataclass
 
 from app.admin.upload import FORMAT_FIELD, TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, AdapterUpload
-from app.tool_calls.formats import ToolCallFormatError, get_format
-from app.tool_calls.style import check_teaches
+from app.tool_calls.formats import FORMATS, ToolCallFormat, ToolCallFormatError, get_format
+from app.tool_calls.style import SAMPLE_CALL, check_teaches
 from app.tool_calls.templates import SAMPLE_MESSAGES, ChatTemplate, ChatTemplateError, check_template
 from app.web.bounded_json import parse_json
 from app.web.errors import BadRequestError
@@ -35,11 +35,12 @@ class AdapterChat:
         return None if self.chat_template is None else hashlib.sha256(self.chat_template.encode()).hexdigest()
 
 
-def adapter_chat(upload: AdapterUpload, server_tool_template: ChatTemplate) -> AdapterChat:
+def adapter_chat(upload: AdapterUpload, server_tool_template: ChatTemplate, server_format: str) -> AdapterChat:
     """The upload's format and template, checked; BadRequestError (naming the part) when one is unusable.
 
-    A format the adapter names must be the one its template (or, without one, ``server_tool_template``) writes
-    its sample call in: the model calls as its prompt shows.
+    The format the adapter will decode calls in (the one it names, else ``server_format``) must be the one its
+    template (or, without one, ``server_tool_template``) writes its sample call in: the model calls as its prompt
+    shows.
     """
     tool_call_format = upload.tool_call_format
     if tool_call_format is not None:
@@ -60,6 +61,8 @@ def adapter_chat(upload: AdapterUpload, server_tool_template: ChatTemplate) -> A
         raise BadRequestError(f"`{part}`: {error}; fix the template and upload again.", param=part) from None
     if tool_call_format is not None:
         _check_teaches(template, tool_call_format, f"`{part}`", part)
+    else:
+        _check_teaches_the_servers(template, server_format, part)
     return AdapterChat(tool_call_format, source)
 
 
@@ -72,6 +75,32 @@ def _check_teaches(template: ChatTemplate, tool_call_format: str, which: str, pa
             "without a format.",
             param=param,
         ) from None
+
+
+def _check_teaches_the_servers(template: ChatTemplate, server_format: str, part: str) -> None:
+    """A template without a format keeps the server's format: it must write calls in that one."""
+    if _teaches(template, get_format(server_format)):
+        return
+    written = [name for name, tool_format in FORMATS.items() if _teaches(template, tool_format)]
+    fix = (
+        f"name the format it writes in `{FORMAT_FIELD}` ({', '.join(written)})"
+        if written
+        else f"make it write its sample call to {SAMPLE_CALL} in {server_format}, or in a format named in "
+        f"`{FORMAT_FIELD}`"
+    )
+    raise BadRequestError(
+        f"`{part}` does not write calls in the server's {server_format} tool-call format, which an adapter without "
+        f"`{FORMAT_FIELD}` keeps: {fix}.",
+        param=part,
+    )
+
+
+def _teaches(template: ChatTemplate, tool_format: ToolCallFormat) -> bool:
+    try:
+        check_teaches(template, tool_format, "")
+    except ChatTemplateError:
+        return False
+    return True
 
 
 def _template_source(chat_files: dict[str, bytes]) -> tuple[str, str] | None:

@@ -118,7 +118,8 @@ class AdapterUploads:
         async with staged_upload(body, content_type, content_length, uploads, limit, self.check_name) as upload:
             info = await self._validate(upload.folder)
             server_template = self.server_tool_template
-            chat = await asyncio.to_thread(adapter_chat, upload, server_template)  # compiling a template takes ms
+            server_format = self.settings.tool_call_format
+            chat = await asyncio.to_thread(adapter_chat, upload, server_template, server_format)  # compiling takes ms
             return await self._store_and_record(actor, tenant_id, upload, info, chat)
 
     async def _validate(self, folder: Path) -> AdapterInfo:

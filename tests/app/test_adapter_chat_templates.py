@@ -116,7 +116,10 @@ async def test_an_adapters_template_writes_the_models_special_tokens(gateway_set
         acme = await make_tenant(gateway, "acme")
         files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, template.encode())]
         uploaded = await client.post(
-            adapters_url(acme.tenant_id), data={"name": "bos"}, files=files, headers=admin.headers
+            adapters_url(acme.tenant_id),
+            data={"name": "bos", "tool_call_format": "pythonic"},
+            files=files,
+            headers=admin.headers,
         )
         assert uploaded.status_code == 201, uploaded.text
         asked = await client.post(
@@ -150,6 +153,13 @@ BAD_CHAT_PARTS = [
         [(TEMPLATE, ChatTemplate.shipped().source.encode())],
         TEMPLATE,
         "does not write calls in the pythonic tool-call format",
+    ),
+    (
+        "template-teaching-another-format",  # without a format it keeps the server's hermes, which it never writes
+        {},
+        [(TEMPLATE, PYTHONIC_TEMPLATE.encode())],
+        TEMPLATE,
+        "without `tool_call_format` keeps: name the format it writes in `tool_call_format` (pythonic)",
     ),
     ("syntax-error", {}, [(TEMPLATE, b"{% for m in messages %}{{ m.content }}")], TEMPLATE, "not valid Jinja"),
     (
@@ -210,8 +220,10 @@ async def test_bad_templates_and_formats_are_refused_and_nothing_is_stored(
             assert await _counts(gateway) == (0, 0, 0), case
             assert set(default_engine.engine.engine.adapters.names()) == engine_names, case
 
-        # A tokenizer_config.json's template is taken; the server's format stands when none is named.
-        config = {"eos_token": "<|im_end|>", "chat_template": PYTHONIC_TEMPLATE}
+        # A tokenizer_config.json's template is taken; the server's format (hermes, which this one writes) stands when
+        # none is named.
+        hermes_template = ChatTemplate.shipped().source
+        config = {"eos_token": "<|im_end|>", "chat_template": hermes_template}
         files = [
             *adapter_files(tenant_adapters["alpha"]),
             _template_part(TOKENIZER_CONFIG, json.dumps(config).encode()),
@@ -221,10 +233,10 @@ async def test_bad_templates_and_formats_are_refused_and_nothing_is_stored(
         )
         assert taken.status_code == 201, taken.text
         adapter = taken.json()
-        assert (adapter["tool_call_format"], adapter["chat_template_sha256"]) == (None, _sha256(PYTHONIC_TEMPLATE))
+        assert (adapter["tool_call_format"], adapter["chat_template_sha256"]) == (None, _sha256(hermes_template))
         async with gateway.database.sessions() as session:
             stored = await session.scalar(select(Adapter.chat_template).where(Adapter.id == uuid.UUID(adapter["id"])))
-        assert stored == PYTHONIC_TEMPLATE
+        assert stored == hermes_template
 
 
 async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_that_request(
@@ -237,7 +249,10 @@ async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_tha
         acme = await make_tenant(gateway, "acme")
         files = [*adapter_files(tenant_adapters["alpha"]), _template_part(TEMPLATE, hidden.encode())]
         uploaded = await client.post(
-            adapters_url(acme.tenant_id), data={"name": "agent"}, files=files, headers=admin.headers
+            adapters_url(acme.tenant_id),
+            data={"name": "agent", "tool_call_format": "pythonic"},
+            files=files,
+            headers=admin.headers,
         )
         assert uploaded.status_code == 201, uploaded.text
         started = time.monotonic()
@@ -288,7 +303,12 @@ def test_hostile_renders_are_refused_in_time_while_the_gateway_answers_health(
             *adapter_files(tenant_adapters["alpha"]),
             _template_part(TEMPLATE, (PYTHONIC_TEMPLATE + attacks).encode()),
         ]
-        uploaded = http.post(adapters_url(acme.tenant_id), data={"name": "agent"}, files=files, headers=admin.headers)
+        uploaded = http.post(
+            adapters_url(acme.tenant_id),
+            data={"name": "agent", "tool_call_format": "pythonic"},
+            files=files,
+            headers=admin.headers,
+        )
         assert uploaded.status_code == 201, uploaded.text
         stop, latencies_s = threading.Event(), []
         poller = threading.Thread(target=_poll_health, args=(server.url, stop, latencies_s), daemon=True)

@@ -18,6 +18,7 @@ import pytest
 
 from app.cli.main import cli
 from app.keys.secrets import KEY_PATTERN
+from app.tool_calls.templates import ChatTemplate
 from tests.app.gateway_fixtures import chat_body, make_tenant
 from tests.app.live_server import LiveServer, free_port, live_server
 from tests.app.test_tool_calls_auto import PYTHONIC_TEMPLATE
@@ -262,9 +263,10 @@ def test_upload_sends_the_folders_chat_template_and_the_format(
     assert refused.exit_code != 0 and refused.stdout == ""
     error = refused.stderr.splitlines()[-1]  # after the progress bar
     assert error.startswith("Error: `tokenizer_config.json`: the chat template does not render the tools"), error
-    config.write_text(json.dumps({"chat_template": PYTHONIC_TEMPLATE}))
+    hermes_template = ChatTemplate.shipped().source  # writes calls in the server's format, which it keeps
+    config.write_text(json.dumps({"chat_template": hermes_template}))
     shown = json.loads(succeeded(loraplex(*args, "--json")))
-    assert shown["chat_template_sha256"] == hashlib.sha256(PYTHONIC_TEMPLATE.encode()).hexdigest()
+    assert shown["chat_template_sha256"] == hashlib.sha256(hermes_template.encode()).hexdigest()
     assert shown["tool_call_format"] is None
 
 
