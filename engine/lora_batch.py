@@ -51,6 +51,48 @@ class LoraStep:
         sgmv_fused(x, storage, group.meta, layer * self.page_elems, y, plan=group.plan, backend=self.backend)
 
 
+class LoraStepMemo:
+    """The last step's tables, handed out again while a step's token runs are the same.
+
+    In steady decoding each adapter's decode rows are one run (engine/step_batch.py groups them), so
+    consecutive steps have the same runs until a sequence joins or leaves, or an adapter moves in the pool
+    (a new row table): the tables of every projection group are then built once, not every step.
+    """
+
+    def __init__(self) -> None:
+        self._key: list[tuple[int, AdapterEntry | None, list[int] | None]] = []
+        self._storage: torch.Tensor | None = None
+        self._backend: KernelBackend | None = None
+        self._step: LoraStep | None = None
+
+    def build(
+        self,
+        runs: list[tuple[int, AdapterEntry | None]],
+        model: ModelConfig,
+        storage: torch.Tensor,
+        backend: KernelBackend = KernelBackend.TORCH,
+    ) -> LoraStep | None:
+        """:func:`build_lora_step`'s tables, the last step's when its runs were the same."""
+        segments = _merge_runs(runs)
+        key = [(num_tokens, entry, None if entry is None else entry.row_addr_list) for num_tokens, entry in segments]
+        if not (storage is self._storage and backend is self._backend and _same_runs(key, self._key)):
+            self._step = _build_lora_step(segments, model, storage, backend)
+            self._key, self._storage, self._backend = key, storage, backend
+        return self._step
+
+
+def _same_runs(
+    key: list[tuple[int, AdapterEntry | None, list[int] | None]],
+    last: list[tuple[int, AdapterEntry | None, list[int] | None]],
+) -> bool:
+    """The same tokens per run, the same adapters, each with the row table it had (compared as objects: the
+    memo holds them, so none is freed and its identity reused)."""
+    return len(key) == len(last) and all(
+        num_tokens == last_tokens and entry is last_entry and rows is last_rows
+        for (num_tokens, entry, rows), (last_tokens, last_entry, last_rows) in zip(key, last, strict=True)
+    )
+
+
 def build_lora_step(
     runs: list[tuple[int, AdapterEntry | None]],
     model: ModelConfig,
@@ -61,9 +103,14 @@ def build_lora_step(
 
     ``backend`` picks which implementation the plans are for (one per step and group; TRITON needs none).
     """
-    if all(entry is None for _, entry in runs):
+    return _build_lora_step(_merge_runs(runs), model, storage, backend)
+
+
+def _build_lora_step(
+    segments: list[tuple[int, AdapterEntry | None]], model: ModelConfig, storage: torch.Tensor, backend: KernelBackend
+) -> LoraStep | None:
+    if all(entry is None for _, entry in segments):
         return None
-    segments = _merge_runs(runs)
     shapes = projection_shapes(model)
     groups = {}
     for name, modules in MODULE_GROUPS.items():

@@ -9,7 +9,7 @@ import torch
 from engine.config import ModelConfig
 from engine.grammar_mask import num_bitmask_words
 from engine.host_to_device import move_to_device
-from engine.lora_batch import LoraStep, build_lora_step
+from engine.lora_batch import LoraStep, LoraStepMemo, build_lora_step
 from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
@@ -54,8 +54,11 @@ def build_step_batch(
     model: ModelConfig,
     device: torch.device,
     backend: KernelBackend = KernelBackend.TORCH,
+    lora_memo: LoraStepMemo | None = None,
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them).
+
+    ``lora_memo``: the engine's, so that a step with the same adapter runs as the last reuses its LoRA tables.
 
     A sequence verifying proposed tokens is a small chunk: its last token and the proposal, every row sampled.
 
@@ -141,7 +144,7 @@ def build_step_batch(
         attention=attention,
         logits_indices=tensor(logits_indices + scored_rows),  # [num_sampled + num_scored]
         sampled_seqs=tuple(sampled),
-        lora=build_lora_step(runs, model, pool.storage, backend),
+        lora=(lora_memo.build if lora_memo is not None else build_lora_step)(runs, model, pool.storage, backend),
         scored=tuple(scored),
         scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
     )

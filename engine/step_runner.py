@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.config import ModelConfig
 from engine.kv_cache_manager import KVCacheManager
+from engine.lora_batch import LoraStepMemo
 from engine.model import LlamaModel
 from engine.outputs import RequestOutput
 from engine.page_pool import PagePool
@@ -60,6 +61,7 @@ class StepRunner:
         self.tokenizer = tokenizer
         self.device = device
         self.kernels = kernels
+        self.lora_memo = LoraStepMemo()
         self._requests: dict[str, list[Sequence]] = {}  # every choice of each unfinished request
         self.totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
 
@@ -129,7 +131,7 @@ class StepRunner:
         """
         if not items:
             return StepResult()
-        batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels)
+        batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels, self.lora_memo)
         logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
         num_sampled = len(batch.sampled_seqs)
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
