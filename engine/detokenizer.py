@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from functools import partial
+from weakref import WeakKeyDictionary
 
 from transformers import PreTrainedTokenizerBase
 
@@ -24,6 +25,18 @@ def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]
     return partial(tokenizer.decode, skip_special_tokens=True)
 
 
+# Each tokenizer's text of single tokens, as decoded so far (at most one entry per token of its vocabulary): a
+# push decodes the token before the new one alone, which is most often one token, and its text never changes.
+_ONE_TOKEN_TEXTS: "WeakKeyDictionary[PreTrainedTokenizerBase, dict[int, str]]" = WeakKeyDictionary()
+
+
+def _one_token_texts(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    texts = _ONE_TOKEN_TEXTS.get(tokenizer)
+    if texts is None:
+        texts = _ONE_TOKEN_TEXTS.setdefault(tokenizer, {})
+    return texts
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of output ids into text deltas.
 
@@ -40,6 +53,7 @@ class IncrementalDetokenizer:
         stop: tuple[str, ...] = (),
     ) -> None:
         self._decode = decoder_of(tokenizer)
+        self._one_token_texts = _one_token_texts(tokenizer)
         self._ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -54,7 +68,7 @@ class IncrementalDetokenizer:
         if self.stopped or is_stop_token:
             return ""
         self._ids.append(token_id)
-        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        prefix = self._decode_prefix()
         full = self._decode(self._ids[self._prefix_offset :])
         incomplete = full.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_PENDING_TOKENS
         if len(full) <= len(prefix) or incomplete:
@@ -69,6 +83,16 @@ class IncrementalDetokenizer:
                 self.stopped = True
                 return self.flush()
         return self._release(len(self.text) - self._hold)
+
+    def _decode_prefix(self) -> str:
+        """The text of the tokens up to the last read, from the tokenizer's texts of single tokens when it is one."""
+        if self._read_offset - self._prefix_offset != 1:
+            return self._decode(self._ids[self._prefix_offset : self._read_offset])
+        token_id = self._ids[self._prefix_offset]
+        text = self._one_token_texts.get(token_id)
+        if text is None:
+            text = self._one_token_texts[token_id] = self._decode([token_id])
+        return text
 
     def flush(self) -> str:
         """Everything not handed out yet (call once the sequence has finished)."""

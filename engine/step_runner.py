@@ -98,6 +98,8 @@ class StepRunner:
         choices = self._requests.get(seq.request_id)
         if choices is None:
             return True
+        if seq.finish_reason is None:  # one of its choices goes on (what most outputs of a step are asked)
+            return False
         if any(choice.finish_reason is None or choice.fork_pending for choice in choices):
             return False
         del self._requests[seq.request_id]
