@@ -83,10 +83,15 @@ def build_step_batch(
         start = seq.num_computed_tokens
         end = start + item.num_new_tokens
         draft = item.draft_token_ids
-        input_ids.extend(seq.token_ids[start:end] if not draft else seq.token_ids[start:] + list(draft))
-        positions.extend(range(start, end))
         blocks = seq.block_ids
-        slots.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
+        if end - start == 1:  # a decode row, most of a step's: no slice, range or generator to build
+            input_ids.append(seq.token_ids[start])
+            positions.append(start)
+            slots.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            input_ids.extend(seq.token_ids[start:end] if not draft else seq.token_ids[start:] + list(draft))
+            positions.extend(range(start, end))
+            slots.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
         query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
         seq_lens.append(end)
         if draft:
