@@ -178,9 +178,11 @@ class StepRunner:
 
     def _update(self, scheduled: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
         """Apply a step's result to its sequences; an output for each sampled sequence, in the result's order."""
+        num_prefill = 0
         for item in scheduled.scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
-            self.totals["prefill"] += max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens) - start)
+            num_prefill += max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens) - start)
+        self.totals["prefill"] += num_prefill
         self.scheduler.update(scheduled)
         for seq, scores in result.scores:
             seq.prompt_logprobs.extend(scores)
@@ -216,13 +218,13 @@ class StepRunner:
         token_ids: list[int] = []
         delta = ""
         for token_id, logprob in zip(verified.token_ids, verified.logprobs, strict=True):
-            self.totals["generated"] += 1
             if logprob is not None:
                 seq.logprobs.append(logprob)
             delta += seq.append_token(token_id)
             token_ids.append(token_id)
             if seq.finish_reason is not None:
                 break
+        self.totals["generated"] += len(token_ids)
         if verified.num_proposed:
             num_accepted = len(verified.token_ids) - 1
             self.speculator.record(seq, verified.num_proposed, num_accepted)
