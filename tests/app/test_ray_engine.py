@@ -45,6 +45,7 @@ FRESH_SEEDS = range(21, 25)  # adapters no other test registers: no replica has 
 AFFINITY_ROUNDS = 6
 MIN_HIT_RATE = 0.9
 FREE_WAIT_S = 10.0
+MAX_SPREAD_REQUESTS = 16  # base requests sent at most until both replicas run some
 SETTLE_S = 1.0
 FRESH_REPLICA_ATTEMPTS = 20  # rounds of two requests until one reaches the restarted replica
 STARTUP_TICKS = 20  # CPU time (1/100 s) a thread spent by the time its replica joined: it did part of the start-up
@@ -326,17 +327,23 @@ async def test_pins_abort_all_and_removals_reach_every_replica(ray_engine, data_
     pinned = {replica: one.num_resident_adapters for replica, one in (await ray_engine.worker_stats()).items()}
     assert pinned == {replica: count + 1 for replica, count in before.items()}, "resident on every replica"
 
-    streams = [asyncio.ensure_future(_generate(ray_engine, f"abort-all-{i}", None, max_tokens=2000)) for i in range(4)]
+    # Base requests are balanced over the replicas, but requests sent at once may all see the same loads: one more
+    # is sent every 0.25 s until both replicas run some.
+    streams: list[asyncio.Future] = []
     deadline = time.monotonic() + FREE_WAIT_S
-    while time.monotonic() < deadline:  # base requests are balanced: both replicas run some
+    while time.monotonic() < deadline:
+        if len(streams) < MAX_SPREAD_REQUESTS:
+            streams.append(
+                asyncio.ensure_future(_generate(ray_engine, f"abort-all-{len(streams)}", None, max_tokens=2000))
+            )
+        await asyncio.sleep(0.25)
         if all(one.num_running for one in (await ray_engine.worker_stats()).values()):
             break
-        await asyncio.sleep(0.05)
     else:
-        pytest.fail("the base requests did not spread over both replicas")
+        pytest.fail(f"{len(streams)} base requests did not spread over both replicas")
     ray_engine.abort_all()
     ended = await asyncio.wait_for(asyncio.gather(*streams), FREE_WAIT_S)
-    assert [outputs[-1].finish_reason for outputs in ended] == ["abort"] * 4
+    assert [outputs[-1].finish_reason for outputs in ended] == ["abort"] * len(streams)
 
     await ray_engine.remove_adapter("pinned")
     removed = {replica: one.num_resident_adapters for replica, one in (await ray_engine.worker_stats()).items()}
