@@ -215,6 +215,10 @@ async def test_a_tenant_admin_manages_its_own_keys_adapters_and_usage(
         ops_key_id = uuid.UUID(made.json()["id"])
         me = (await client.get("/admin/me", headers=ops.headers)).json()
         assert (me["tenant_name"], me["scopes"], me["tenant_scope"]) == ("acme", ["tenant-admin"], str(acme.tenant_id))
+        assert me["key_id"] == str(ops_key_id)
+        platform = (await client.get("/admin/me", headers=admin.headers)).json()  # manages every tenant: no scope
+        assert (platform["tenant_name"], platform["scopes"], platform["tenant_scope"]) == ("admin", ["admin"], None)
+        assert_error(await client.get("/admin/me", headers=acme.headers), 403)  # an inference key administers nothing
         assert_error(await client.get(MODELS, headers=ops.headers), 403)  # no inference scope: it administers only
 
         # Keys: create (inference, another tenant admin; never admin), list, limit, rotate, revoke.
