@@ -6,7 +6,9 @@ from engine.logprobs import TokenLogprob
 from engine.sequence import Sequence
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as the other per-row records of a step (ScheduledSeq, Verified): one is made for every row of every
+# step, and a frozen dataclass's __init__ sets each field through object.__setattr__. Treat it as read-only.
+@dataclass(slots=True)
 class RequestOutput:
     """One choice's progress after one step (``delta_*``) and its totals so far.
 

@@ -9,7 +9,7 @@ from engine.sequence import FinishReason, Sequence, SequenceStatus
 from engine.speculation import Speculator
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one a row and a step: not frozen, whose __init__ costs a call a field (read-only all the same)
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # rows in the step, proposed tokens included
