@@ -60,6 +60,7 @@ class IncrementalDetokenizer:
         self._stop = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
         self._num_emitted = 0
+        self._prefix: tuple[int, int, str] | None = None  # (prefix_offset, read_offset, the tokens' text between)
         self.text = ""
         self.stopped = False
 
@@ -85,10 +86,14 @@ class IncrementalDetokenizer:
         return self._release(len(self.text) - self._hold)
 
     def _decode_prefix(self) -> str:
-        """The text of the tokens up to the last read, from the tokenizer's texts of single tokens when it is one."""
-        if self._read_offset - self._prefix_offset != 1:
-            return self._decode(self._ids[self._prefix_offset : self._read_offset])
-        token_id = self._ids[self._prefix_offset]
+        """The text of the tokens up to the last read: from the tokenizer's texts of single tokens when it is one,
+        else decoded once for as long as the offsets stay (the pushes that wait for a character's bytes)."""
+        start, end = self._prefix_offset, self._read_offset
+        if end - start != 1:
+            if self._prefix is None or self._prefix[0] != start or self._prefix[1] != end:
+                self._prefix = (start, end, self._decode(self._ids[start:end]))
+            return self._prefix[2]
+        token_id = self._ids[start]
         text = self._one_token_texts.get(token_id)
         if text is None:
             text = self._one_token_texts[token_id] = self._decode([token_id])
