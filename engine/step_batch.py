@@ -8,7 +8,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.grammar_mask import num_bitmask_words
-from engine.host_to_device import move_to_device
+from engine.host_to_device import host_tensor, move_to_device
 from engine.lora_batch import LoraStep, LoraStepMemo, build_lora_step
 from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
@@ -97,7 +97,7 @@ def build_step_batch(
         if draft:
             logits_indices.extend(range(query_start_loc[-2], query_start_loc[-1]))
             sampled.extend(draft_positions(seq, draft, num_bitmask_words(model.vocab_size)))
-        elif item.samples:
+        elif end == len(seq.token_ids):  # the chunk reaches the sequence's end (ScheduledSeq.samples)
             logits_indices.append(query_start_loc[-1] - 1)
             sampled.append(seq)
         if seq.prompt_logprobs is not None and not seq.prompt_logprobs_done:
@@ -110,18 +110,21 @@ def build_step_batch(
                 scored_token_ids.extend(seq.prompt_token_ids[first + 1 : last + 1])
                 scored.append((seq, last - first))
     max_blocks = max(len(item.seq.block_ids) for item in items)
-    table = [item.seq.block_ids + [0] * (max_blocks - len(item.seq.block_ids)) for item in items]
+    table: list[int] = []  # [num_seqs * max_blocks], each row padded with page 0
+    for item in items:
+        table += item.seq.block_ids
+        table += [0] * (max_blocks - len(item.seq.block_ids))
     query_lens = [item.num_new_tokens for item in items]
-
-    def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype)  # on the host: the step moves to the device in one copy
-
+    num_tokens = query_start_loc[-1]
+    # On the host: the step moves to the device in one copy.
     attention = PagedAttentionMetadata(
-        query_start_loc=tensor(query_start_loc, torch.int32),  # [num_seqs + 1]
-        seq_lens=tensor(seq_lens, torch.int32),  # [num_seqs]
-        block_tables=tensor(table, torch.int32),  # [num_seqs, max_blocks]
-        token_to_seq=torch.repeat_interleave(
-            torch.arange(len(items), dtype=torch.int32), torch.tensor(query_lens)
+        query_start_loc=host_tensor(query_start_loc, torch.int32),  # [num_seqs + 1]
+        seq_lens=host_tensor(seq_lens, torch.int32),  # [num_seqs]
+        block_tables=host_tensor(table, torch.int32).view(len(items), max_blocks),  # [num_seqs, max_blocks]
+        token_to_seq=torch.arange(len(items), dtype=torch.int32)
+        if num_tokens == len(items)
+        else torch.repeat_interleave(
+            torch.arange(len(items), dtype=torch.int32), host_tensor(query_lens), output_size=num_tokens
         ),  # [num_tokens]
         num_decode_seqs=num_decode,
         max_query_len=max(query_lens),
@@ -143,14 +146,14 @@ def build_step_batch(
         attention = dataclasses.replace(attention, prefill_tiles=tiles)
     runs = [(item.num_new_tokens, item.seq.adapter) for item in items]
     batch = StepBatch(
-        input_ids=tensor(input_ids),  # [num_tokens]
-        positions=tensor(positions),  # [num_tokens]
-        slot_mapping=tensor(slots),  # [num_tokens]
+        input_ids=host_tensor(input_ids),  # [num_tokens]
+        positions=host_tensor(positions),  # [num_tokens]
+        slot_mapping=host_tensor(slots),  # [num_tokens]
         attention=attention,
-        logits_indices=tensor(logits_indices + scored_rows),  # [num_sampled + num_scored]
+        logits_indices=host_tensor(logits_indices + scored_rows),  # [num_sampled + num_scored]
         sampled_seqs=tuple(sampled),
         lora=(lora_memo.build if lora_memo is not None else build_lora_step)(runs, model, pool.storage, backend),
         scored=tuple(scored),
-        scored_token_ids=tensor(scored_token_ids) if scored else None,  # [num_scored]
+        scored_token_ids=host_tensor(scored_token_ids) if scored else None,  # [num_scored]
     )
     return move_to_device(batch, device)  # every tensor above in one copy (engine/host_to_device.py)
