@@ -78,6 +78,8 @@ class KVCacheManager:
         """
         copy_tail = self._is_shared_tail(seq)
         num_missing = self._num_missing_blocks(seq, num_new_tokens)
+        if not num_missing and not copy_tail:  # most rows of a step: the next slot is in a block of their own
+            return True
         if not self.pool.can_allocate(num_missing + copy_tail):
             return False
         if copy_tail:

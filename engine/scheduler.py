@@ -172,6 +172,9 @@ class Scheduler:
         """Schedule the next ``num_new`` tokens of ``seq`` and tell the queue what its tenant gets."""
         item = ScheduledSeq(seq, num_new)
         scheduled.append(item)
+        if seq.num_computed_tokens >= seq.num_prompt_tokens_charged == seq.num_prompt_tokens:  # decoding
+            self.admission.charge(seq, 0, int(item.samples))
+            return
         prompt_end = min(seq.num_computed_tokens + num_new, seq.num_prompt_tokens)
         num_prompt = max(0, prompt_end - max(seq.num_computed_tokens, seq.num_prompt_tokens_charged))
         seq.num_prompt_tokens_charged = max(seq.num_prompt_tokens_charged, prompt_end)

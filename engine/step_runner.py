@@ -190,6 +190,7 @@ class StepRunner:
         for parent, children in result.forks:
             self._fork(parent, children)
         outputs = []
+        num_generated = 0
         for verified in result.sampled:
             seq = verified.seq
             if seq.index == 0 and seq.num_output_tokens == 0 and seq.num_preemptions == 0:
@@ -204,9 +205,11 @@ class StepRunner:
             except Exception as error:  # e.g. detokenizing or a stop check: only this request fails
                 outputs.append(self._fail(seq, error))
                 continue
+            num_generated += len(token_ids)
             if seq.finish_reason is not None:
                 self._finish(seq, seq.finish_reason)
             outputs.append(RequestOutput.of(seq, token_ids, delta, request_finished=self._request_finished(seq)))
+        self.totals["generated"] += num_generated
         return outputs
 
     def _append(self, verified: Verified) -> tuple[list[int], str]:
@@ -215,6 +218,11 @@ class StepRunner:
         A speculating sequence's accepted proposal becomes computed KV; the blocks of the rest go back.
         """
         seq = verified.seq
+        if not verified.num_proposed:  # one token, most rows of a step
+            [token_id], [logprob] = verified.token_ids, verified.logprobs
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            return verified.token_ids, seq.append_token(token_id)
         token_ids: list[int] = []
         delta = ""
         for token_id, logprob in zip(verified.token_ids, verified.logprobs, strict=True):
@@ -224,12 +232,10 @@ class StepRunner:
             token_ids.append(token_id)
             if seq.finish_reason is not None:
                 break
-        self.totals["generated"] += len(token_ids)
-        if verified.num_proposed:
-            num_accepted = len(verified.token_ids) - 1
-            self.speculator.record(seq, verified.num_proposed, num_accepted)
-            if seq.finish_reason is None:
-                self.scheduler.verified(seq, num_accepted)
+        num_accepted = len(verified.token_ids) - 1
+        self.speculator.record(seq, verified.num_proposed, num_accepted)
+        if seq.finish_reason is None:
+            self.scheduler.verified(seq, num_accepted)
         return token_ids, delta
 
     def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
