@@ -6,6 +6,8 @@ from weakref import WeakKeyDictionary
 
 from transformers import PreTrainedTokenizerBase
 
+from engine.token_bytes import SkippedSpecialBytes, skipped_special_bytes
+
 # Prompt tokens decoded with the first output tokens, so a word-initial space renders as the model meant.
 NUM_CONTEXT_TOKENS = 5
 REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for a byte sequence that is not complete yet
@@ -16,13 +18,29 @@ MAX_PENDING_TOKENS = 4
 
 
 def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
-    """``tokenizer.decode(ids, skip_special_tokens=True)`` as one callable. For a fast tokenizer that cleans up no
-    spaces (transformers then adds nothing to the Rust tokenizer's result) it is the Rust tokenizer's own
-    ``decode``, which skips transformers' conversion of its arguments on each of a token's two calls."""
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` as one callable, the cheapest that gives the same text.
+
+    A byte-level BPE tokenizer's tokens are joined as bytes and decoded by Python (``SkippedSpecialBytes``); another
+    fast tokenizer that cleans up no spaces (transformers then adds nothing to the Rust tokenizer's result) calls the
+    Rust tokenizer's own ``decode``, skipping transformers' conversion of its arguments on each of a token's calls.
+    """
+    if tokenizer not in _BYTE_TABLES:
+        _BYTE_TABLES[tokenizer] = skipped_special_bytes(tokenizer)
+    table = _BYTE_TABLES[tokenizer]
+    if table is not None:
+        return partial(_decode_bytes, table.__getitem__)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return partial(backend.decode, skip_special_tokens=True)
     return partial(tokenizer.decode, skip_special_tokens=True)
+
+
+def _decode_bytes(bytes_of: Callable[[int], bytes], ids: list[int]) -> str:
+    return b"".join(map(bytes_of, ids)).decode("utf-8", "replace")
+
+
+# Each tokenizer's bytes of its tokens as decoded so far (None for a tokenizer that is not byte-level BPE).
+_BYTE_TABLES: "WeakKeyDictionary[PreTrainedTokenizerBase, SkippedSpecialBytes | None]" = WeakKeyDictionary()
 
 
 # Each tokenizer's text of single tokens, as decoded so far (at most one entry per token of its vocabulary): a
