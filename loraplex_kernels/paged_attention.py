@@ -9,8 +9,8 @@ The row kernel attends to a long context in chunks of ``keys_per_split`` keys (K
 program per chunk, and the combine kernel of ``loraplex_kernels.paged_attention_split`` joins them; a row
 of ``keys_per_split`` keys or fewer is one program that writes its output directly. The number of chunks of
 a row and their boundaries depend only on the row's own position (its context length), never on how many
-rows the step holds or how long they are, and the chunks are combined in order: a request's output is the
-same bits whatever requests share its steps.
+rows the step holds or how long they are, and the chunks are combined in order: a row the row kernel takes
+is the same bits whatever other rows share the step.
 """
 
 import functools
