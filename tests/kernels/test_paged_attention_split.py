@@ -31,7 +31,9 @@ SPLIT_ROWS = [(1, 31), (1, 32), (1, 33), (1, 64), (1, 65), (1, 100), (5, 34), (5
 TILED = (MIN_TILED_ROWS + 4, 90)
 HEADS = [(2, 1), (2, 3), (1, 8)]  # (num_kv_heads, group): group 3 is padded to 4 query heads
 HEAD_DIMS = [64, 48]
-TOLERANCES = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+# The row kernel computes in fp32 whatever the dtype: fp16 errs by its rounding of the output, bf16 by its own.
+TOLERANCES = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+TILED_FP16_TOLERANCE = 2e-2  # the tiled kernel casts P to fp16 (tests/kernels/test_paged_prefill_attention.py)
 
 
 @pytest.fixture
@@ -77,7 +79,11 @@ def test_split_rows_match_float64_reference(
     out = paged_attention_triton(batch.q, batch.kv_cache, batch.meta, batch.scale, keys_per_split=KEYS)
 
     assert out.dtype == dtype
-    assert_close(out.double(), reference(batch), tol=TOLERANCES[dtype], seed=seed)
+    expected = reference(batch)  # [num_tokens, num_heads, head_dim]
+    num_rows = batch.meta.query_start_loc_list[len(SPLIT_ROWS)]  # the row kernel's rows come first
+    assert_close(out[:num_rows].double(), expected[:num_rows], tol=TOLERANCES[dtype], seed=seed)
+    tiled_tol = TILED_FP16_TOLERANCE if dtype == torch.float16 else TOLERANCES[dtype]
+    assert_close(out[num_rows:].double(), expected[num_rows:], tol=tiled_tol, seed=seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
