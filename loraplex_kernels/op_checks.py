@@ -7,9 +7,10 @@ in float32, both on the same inputs (rounded to the dtype first, so rounding the
 error is the largest ``|actual - reference| / (1 + |reference|)`` over every output (an op that updates a
 tensor in place is judged on that tensor too); it passes within the dtype's tolerance. The shapes are
 small but take each kernel's interesting paths: grouped-query heads, decode rows beside a prefill chunk of
-at least 16 rows (the tiled Triton kernel), contexts straddling pages, adapters of two ranks beside
-base-model rows, two modules in one SGMV launch, a projection whose last weight panel is partial, a tie
-and a maximum in the last lane for the argmax. The storage formats (bf16 and int8 weights, bf16 pages) against
+at least 16 rows (the tiled Triton kernel), a decode row the Triton row kernel splits into two chunks of
+keys, contexts straddling pages, adapters of two ranks beside base-model rows, two modules in one SGMV
+launch, a projection whose last weight panel is partial, a tie and a maximum in the last lane for the
+argmax. The storage formats (bf16 and int8 weights, bf16 pages) against
 float32 are :mod:`loraplex_kernels.format_checks`.
 """
 
@@ -29,6 +30,7 @@ from loraplex_kernels.kv_write import kv_row_index
 from loraplex_kernels.linear import LinearWeight, linear
 from loraplex_kernels.lora_metadata import build_sgmv_metadata
 from loraplex_kernels.paged_attention import paged_attention
+from loraplex_kernels.paged_attention_split import KEYS_PER_SPLIT
 from loraplex_kernels.paged_attention_torch import paged_attention_torch
 from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
 from loraplex_kernels.sgmv_fused import sgmv_fused
@@ -112,7 +114,9 @@ def pairs_error(pairs: Pairs) -> float:
 
 def _paged_attention(t: CheckTarget) -> Pairs:
     num_kv_heads, group, head_dim = 2, 3, 64
-    seqs = [(1, 17), (1, 40), (20, 37)]  # (query rows, context): two decode rows, a 20-row chunk mid-context
+    # (query rows, context): decode rows, one of them over two chunks of the Triton row kernel (more than
+    # KEYS_PER_SPLIT keys), and a 20-row chunk mid-context.
+    seqs = [(1, 17), (1, 40), (1, KEYS_PER_SPLIT + 88), (20, 37)]
     blocks = [math.ceil(seq_len / BLOCK_SIZE) for _, seq_len in seqs]
     num_pages = sum(blocks) + 2
     pages = torch.randperm(num_pages, generator=t.gen)  # [num_pages], out of order
@@ -132,7 +136,7 @@ def _paged_attention(t: CheckTarget) -> Pairs:
         token_to_seq=torch.repeat_interleave(
             torch.arange(len(seqs), dtype=torch.int32), torch.tensor(q_lens)
         ),  # [num_tokens]
-        num_decode_seqs=2,
+        num_decode_seqs=3,
         max_query_len=max(q_lens),
         max_seq_len=max(seq_len for _, seq_len in seqs),
         query_start_loc_list=tuple(starts),

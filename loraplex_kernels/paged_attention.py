@@ -4,6 +4,13 @@ Every query row attends causally to its sequence's cached keys, read page by pag
 sequence's block table; a decode row and a prefill row are the same problem with different positions.
 The Triton launcher splits the rows: segments of MIN_TILED_ROWS rows or more take the tiled kernel on
 tensor cores (``loraplex_kernels.paged_prefill_attention``), the others the row kernel below.
+
+The row kernel attends to a long context in chunks of ``keys_per_split`` keys (KEYS_PER_SPLIT), one
+program per chunk, and the combine kernel of ``loraplex_kernels.paged_attention_split`` joins them; a row
+of ``keys_per_split`` keys or fewer is one program that writes its output directly. The number of chunks of
+a row and their boundaries depend only on the row's own position (its context length), never on how many
+rows the step holds or how long they are, and the chunks are combined in order: a row the row kernel takes
+is the same bits whatever other rows share the step.
 """
 
 import functools
@@ -17,6 +24,14 @@ import triton.language as tl
 from loraplex_kernels.attention_metadata import PagedAttentionMetadata
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.native_cpu import require_native_ops
+from loraplex_kernels.paged_attention_split import (
+    BATCH_STRIDE_ARGS,
+    KEYS_PER_SPLIT,
+    SPLIT_STRIDE_ARGS,
+    SplitScratch,
+    combine_splits,
+    max_row_splits,
+)
 from loraplex_kernels.paged_attention_torch import paged_attention_torch
 from loraplex_kernels.paged_prefill_attention import MIN_TILED_ROWS, paged_prefill_attention_triton, plan_prefill_tiles
 from loraplex_kernels.triton_launch import (
@@ -39,11 +54,16 @@ _LOG2_E = math.log2(math.e)
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# The block table's row stride is its width, the step's most pages: generic like the scratch's (see
+# BATCH_STRIDE_ARGS), so one compiled kernel serves every batch.
+@triton.jit(do_not_specialize=("stride_bt_seq", *BATCH_STRIDE_ARGS))
 def _paged_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     kv_ptr,  # [num_pages, 2, block_size, num_kv_heads, head_dim], strided
     out_ptr,  # [num_tokens, num_heads, head_dim]
+    split_max_ptr,  # [num_tokens, max_splits, num_heads] fp32, heads contiguous; written for rows of several chunks
+    split_sum_ptr,  # [num_tokens, max_splits, num_heads] fp32, strided as split_max
+    split_acc_ptr,  # [num_tokens, max_splits, num_heads, head_dim] fp32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
     block_tables_ptr,  # [num_seqs, max_num_blocks] int32
@@ -58,6 +78,11 @@ def _paged_attention_kernel(
     stride_out_token,
     stride_out_head,
     stride_bt_seq,
+    stride_split_token,
+    stride_split_split,
+    stride_acc_token,
+    stride_acc_split,
+    stride_acc_head,
     min_tiled_rows,  # rows of segments at least this long are the tiled kernel's: their programs exit at once
     group: tl.constexpr,  # query heads per kv head
     head_dim: tl.constexpr,
@@ -65,16 +90,21 @@ def _paged_attention_kernel(
     GROUP_PAD: tl.constexpr,  # group rounded up to a power of two
     HEAD_DIM_PAD: tl.constexpr,  # head_dim rounded up to a power of two
     KEYS_PER_TILE: tl.constexpr,
+    KEYS_PER_SPLIT: tl.constexpr,  # keys per chunk, a multiple of KEYS_PER_TILE
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
 
     seq = tl.load(token_to_seq_ptr + token)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_end = tl.load(query_start_loc_ptr + seq + 1)
-    if q_end - q_start < min_tiled_rows:
-        seq_len = tl.load(seq_lens_ptr + seq)
-        position = seq_len - (q_end - token)  # this row attends to keys 0..position
+    seq_len = tl.load(seq_lens_ptr + seq)
+    position = seq_len - (q_end - token)  # this row attends to keys 0..position
+    key_start = split * KEYS_PER_SPLIT  # this program's chunk: keys key_start..key_end - 1
+    # Programs of chunks past the row's position (the grid is sized for the step's longest row) exit at once.
+    if (q_end - q_start < min_tiled_rows) & (key_start <= position):
+        key_end = tl.minimum(position + 1, key_start + KEYS_PER_SPLIT)
 
         g = tl.arange(0, GROUP_PAD)  # [GROUP_PAD]
         d = tl.arange(0, HEAD_DIM_PAD)  # [HEAD_DIM_PAD]
@@ -93,10 +123,10 @@ def _paged_attention_kernel(
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
 
         block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-        # Every tile starts at a key <= position, so each has at least one live key and m stays finite.
-        for start in range(0, position + 1, KEYS_PER_TILE):
+        # Every tile starts at a key < key_end, so each has at least one live key and m stays finite.
+        for start in range(key_start, key_end, KEYS_PER_TILE):
             keys = start + n  # [KEYS_PER_TILE] positions in the sequence
-            key_mask = keys <= position  # [KEYS_PER_TILE]
+            key_mask = keys < key_end  # [KEYS_PER_TILE]
             pages = tl.load(block_table + keys // block_size, mask=key_mask, other=0)  # [KEYS_PER_TILE]
             slots = keys % block_size  # [KEYS_PER_TILE]
             kv_offs = (
@@ -122,21 +152,32 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + pv  # [GROUP_PAD, HEAD_DIM_PAD]
             m = m_new
 
-        out = acc / denom[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
-        out_offs = heads[:, None] * stride_out_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
-        out_row = out_ptr + token.to(tl.int64) * stride_out_token
-        tl.store(out_row + out_offs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        if position < KEYS_PER_SPLIT:  # the row is one chunk: its output, normalised here
+            out = acc / denom[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
+            out_offs = heads[:, None] * stride_out_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
+            out_row = out_ptr + token.to(tl.int64) * stride_out_token
+            tl.store(out_row + out_offs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+        else:  # one chunk of several: its statistics and accumulator, for the combine kernel
+            stats_offs = token.to(tl.int64) * stride_split_token + split * stride_split_split + heads  # [GROUP_PAD]
+            tl.store(split_max_ptr + stats_offs, m, mask=g_mask)
+            tl.store(split_sum_ptr + stats_offs, denom, mask=g_mask)
+            acc_offs = heads[:, None] * stride_acc_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
+            acc_row = split_acc_ptr + token.to(tl.int64) * stride_acc_token + split * stride_acc_split
+            tl.store(acc_row + acc_offs, acc, mask=gd_mask)
 
 
 @functools.cache  # a pure function of its arguments: built once per model shape and dtype, not per layer
-def row_launch(dtype: torch.dtype, group: int, head_dim: int, block_size: int) -> TritonLaunch:
+def row_launch(
+    dtype: torch.dtype, group: int, head_dim: int, block_size: int, keys_per_split: int = KEYS_PER_SPLIT
+) -> TritonLaunch:
     """The row kernel's constexprs, ``num_warps`` and signature, as ``paged_attention_triton`` launches it."""
     t = triton_type(dtype)
     arg_types = {
         **dict.fromkeys(("q_ptr", "kv_ptr", "out_ptr"), f"*{t}"),
+        **dict.fromkeys(("split_max_ptr", "split_sum_ptr", "split_acc_ptr"), "*fp32"),
         **dict.fromkeys(("query_start_loc_ptr", "seq_lens_ptr", "block_tables_ptr", "token_to_seq_ptr"), "*i32"),
         "scale_log2": "fp32",
-        **dict.fromkeys((*ATTENTION_STRIDE_ARGS, "min_tiled_rows"), "i32"),
+        **dict.fromkeys((*ATTENTION_STRIDE_ARGS, *SPLIT_STRIDE_ARGS, "min_tiled_rows"), "i32"),
     }
     constexprs = {
         "group": group,
@@ -145,6 +186,7 @@ def row_launch(dtype: torch.dtype, group: int, head_dim: int, block_size: int) -
         "GROUP_PAD": triton.next_power_of_2(group),
         "HEAD_DIM_PAD": triton.next_power_of_2(head_dim),
         "KEYS_PER_TILE": _KEYS_PER_TILE,
+        "KEYS_PER_SPLIT": keys_per_split,
     }
     return make_launch(_paged_attention_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
 
@@ -156,7 +198,11 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
 
 
 def paged_attention_triton(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionMetadata, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    scale: float,
+    keys_per_split: int = KEYS_PER_SPLIT,
 ) -> torch.Tensor:
     """Launch the Triton kernels; see ``paged_attention`` for the semantics and the arguments.
 
@@ -165,8 +211,14 @@ def paged_attention_triton(
     the tiled kernel gets a tile list built on the host (``meta.prefill_tiles``, once per step, else here),
     the row kernel runs over every
     row and its programs for rows of long segments exit at once, so nothing is read back from the device.
+
+    The row kernel attends to a row of more than ``keys_per_split`` keys (a positive multiple of 32, the
+    row kernel's key tile) in chunks of that many keys, combined by a second kernel. The chunk axis of its
+    grid is sized from the host's ``seq_lens_list``, for the step's longest row of a short segment.
     """
     _check_inputs(q, kv_cache, meta)
+    if keys_per_split <= 0 or keys_per_split % _KEYS_PER_TILE:
+        raise ValueError(f"keys_per_split must be a positive multiple of {_KEYS_PER_TILE}, got {keys_per_split}")
     num_tokens, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     group = num_heads // num_kv_heads
@@ -183,15 +235,21 @@ def paged_attention_triton(
     if min(segment_lens) >= MIN_TILED_ROWS:
         return out
 
-    # One program per (query row, kv head): the program loads that kv head's whole group of query
-    # heads, so each K/V tile is read once for the group, and rows of different sequences and
-    # positions (decode or short chunks) need no padding to a common query length.
-    launch = row_launch(q.dtype, group, head_dim, block_size)
-    grid = (num_tokens, num_kv_heads)
+    # One program per (query row, kv head, chunk of keys_per_split keys): the program loads that kv head's
+    # whole group of query heads, so each K/V tile is read once for the group, rows of different sequences
+    # and positions (decode or short chunks) need no padding to a common query length, and a few rows of
+    # long contexts still make enough programs to fill the GPU.
+    launch = row_launch(q.dtype, group, head_dim, block_size, keys_per_split)
+    max_splits = max_row_splits(meta, keys_per_split)
+    scratch = SplitScratch.allocate(num_tokens, max_splits, num_heads, head_dim, q.device)
+    grid = (num_tokens, num_kv_heads, max_splits)
     _paged_attention_kernel[grid](
         q,
         kv_cache,
         out,
+        scratch.running_max,
+        scratch.exp_sum,
+        scratch.acc,
         meta.query_start_loc,
         meta.seq_lens,
         meta.block_tables,
@@ -206,10 +264,13 @@ def paged_attention_triton(
         out.stride(0),
         out.stride(1),
         meta.block_tables.stride(0),
+        *scratch.strides(),
         MIN_TILED_ROWS,
         **launch.constexprs,
         num_warps=launch.num_warps,
     )
+    if max_splits > 1:
+        combine_splits(out, scratch, meta, num_kv_heads, keys_per_split)
     return out
 
 
