@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import EngineDeadError
+from engine.host_memory import freeze_startup_heap
 from engine.worker import EngineWorker
 from engine.worker_protocol import (
     FRAME_HEADER_BYTES,
@@ -112,6 +113,7 @@ def run_worker_process(sock: socket.socket, config: EngineConfig, log_level: int
         channel.send(Fatal(to_wire(error)))
         channel.close()
         sys.exit(EXIT_FAILED)
+    freeze_startup_heap()  # this process serves this engine until it exits (engine/host_memory.py)
     died = threading.Event()
 
     def on_death(error: BaseException) -> None:

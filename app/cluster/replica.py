@@ -45,6 +45,7 @@ from app.cluster.output_wire import InboxAddress, RunEnded
 from app.cluster.replica_adapters import ReplicaAdapters
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineError
+from engine.host_memory import freeze_startup_heap
 from engine.output_delta import OutputDelta
 from engine.worker import EngineWorker
 from engine.worker_protocol import (
@@ -96,6 +97,7 @@ class EngineReplica:
         self._worker = EngineWorker(config, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
         await asyncio.wrap_future(self._worker.start())  # built on the step thread; raises what Engine(config) raised
         self.capacity = await asyncio.wrap_future(self._worker.call(lambda engine: engine.adapters.capacity()))
+        freeze_startup_heap()  # the replica's process serves this engine until it exits (engine/host_memory.py)
         fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
         self._adapters = ReplicaAdapters(self._worker, fetcher, self._loop, self.capacity)
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)

@@ -41,6 +41,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
+from engine.host_memory import freeze_startup_heap
 from scripts.benchmarks.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("bench_gpu")
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         names.append(f"a{index}")
     prompts = make_requests(NUM_ROWS, cfg.vocab_size, prompt_len, seed=0)
     run_workload(engine, prompts[:8], 4, names[:2])  # warm-up: every op once, with and without adapters
+    freeze_startup_heap()  # as a worker process or a Ray replica does once its engine is built
 
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
     for label, used in (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ()):

@@ -1,5 +1,7 @@
 """The page pool's memory on the CPU: advised for transparent huge pages before its first touch, and zeroed."""
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,3 +48,34 @@ def test_a_buffer_smaller_than_a_huge_page_is_not_advised() -> None:
     values, advised = zeros_on_huge_pages((HUGE_PAGE_BYTES // 8,), torch.float32)  # 1 MiB
     assert not advised
     assert not values.any()
+
+
+FREEZE_CHILD = """
+import gc, json
+from engine.host_memory import freeze_startup_heap
+startup = [[i] for i in range(50_000)]  # objects of the start, alive as long as the process
+frozen = freeze_startup_heap()
+walked = len(gc.get_objects())  # what a full collection walks now
+
+
+class Node:
+    pass
+
+
+node = Node()
+node.self = node  # a cycle made while serving
+del node
+print(json.dumps({"frozen": frozen, "walked": walked, "collected": gc.collect()}))
+"""
+
+
+def test_freezing_the_startup_heap_leaves_full_collections_only_what_came_after() -> None:
+    """In a process of its own, as a worker process or a Ray replica calls it: the start's objects are frozen, a full
+    collection walks none of them, and a cycle made afterwards is still collected."""
+    result = subprocess.run(
+        [sys.executable, "-c", FREEZE_CHILD], capture_output=True, text=True, timeout=120, check=True
+    )
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts["frozen"] >= 50_000
+    assert counts["walked"] < 1_000
+    assert counts["collected"] >= 1
