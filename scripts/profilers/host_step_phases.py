@@ -1,0 +1,112 @@
+"""Where the host's decode step goes: bench_gpu --quick's workload with a clock around each phase of a step.
+
+The tiny model of ``bench_gpu --quick`` (its random weights and adapters, one CPU thread), 256 requests of 16
+prompt tokens over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode
+together, ``--steps`` steps are clocked. Each phase is a call the step makes once (scheduling, building the
+step's tables, the forward pass, building the sampler's input, sampling, accepting, applying the tokens); the
+report is each phase's median over the steps, and the step's. One clock read a call, no profiler.
+
+    python -m scripts.profilers.host_step_phases --json    # last line: one JSON object
+"""
+
+import argparse
+import functools
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+import engine.step_runner as step_runner_module
+from app.model_store import resolve_model
+from app.settings import Settings
+from engine import Engine, EngineConfig, SamplingParams
+from engine.host_memory import freeze_startup_heap
+from scripts.benchmarks.bench_gpu import ADAPTER_RANK, NUM_ROWS, TARGETS, make_requests, write_random_model
+from scripts.benchmarks.bench_lora import write_synthetic_adapter
+
+logger = logging.getLogger("host_step_phases")
+
+# (owner, attribute, phase): functions step_runner calls by name, and methods the step calls once each.
+PHASES = (
+    (step_runner_module, "build_step_batch", "build"),
+    (step_runner_module, "build_sampling_batch", "sampling_batch"),
+    (step_runner_module, "sample", "sample"),
+    (step_runner_module, "accept", "accept"),
+    (step_runner_module.Scheduler, "schedule", "schedule"),
+    (step_runner_module.LlamaModel, "forward", "forward"),
+    (step_runner_module.StepRunner, "_update", "update"),
+)
+
+
+def clocked(function: Callable, phase: str, times: dict[str, list[float]]) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            times[phase].append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", action="store_true", help="no adapter")
+    parser.add_argument("--steps", type=int, default=60, help="full decode steps clocked")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = Settings.from_env()
+    home = settings.home / "bench_gpu"
+    folder = write_random_model(home / "tiny", "tiny", resolve_model(settings.model, settings.home), torch.float32)
+    engine = Engine(EngineConfig(
+        model=str(folder), device="cpu", dtype="float32", max_num_seqs=NUM_ROWS,
+        max_num_batched_tokens=max(2048, NUM_ROWS), num_speculative_tokens=0, num_threads=1,
+    ))
+    names = []
+    if not args.base:
+        for index in range(16):
+            path = write_synthetic_adapter(home / f"tiny-r{ADAPTER_RANK}-{index}", engine.model_config,
+                                           ADAPTER_RANK, index, TARGETS)
+            engine.add_adapter(f"a{index}", path)
+            names.append(f"a{index}")
+    freeze_startup_heap()
+    params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
+    for index, prompt in enumerate(make_requests(NUM_ROWS, engine.model_config.vocab_size, 16, seed=0)):
+        engine.add_request(prompt, params, adapter=names[index % len(names)] if names else None)
+    scheduler = engine.scheduler
+    while not (len(scheduler.running) == NUM_ROWS and all(seq.num_output_tokens for seq in scheduler.running)):
+        engine.step()
+
+    times: dict[str, list[float]] = defaultdict(list)
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in PHASES]
+    for (owner, name, phase), (_, _, function) in zip(PHASES, originals, strict=True):
+        setattr(owner, name, clocked(function, phase, times))
+    try:
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            engine.step()
+            times["step"].append(time.perf_counter() - start)
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+    result = {phase: round(statistics.median(values) * 1000, 3) for phase, values in times.items()}
+    result = {"adapters": len(names), "rows": NUM_ROWS, **dict(sorted(result.items(), key=lambda kv: -kv[1]))}
+    if args.json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        sys.stdout.writelines(f"{key:>16}: {value}\n" for key, value in result.items())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
