@@ -1,5 +1,6 @@
 """Token ids to text, one token at a time, never splitting a UTF-8 character or leaking a stop string."""
 
+import codecs
 from collections.abc import Callable
 from functools import partial
 from weakref import WeakKeyDictionary
@@ -18,25 +19,20 @@ MAX_PENDING_TOKENS = 4
 
 
 def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
-    """``tokenizer.decode(ids, skip_special_tokens=True)`` as one callable, the cheapest that gives the same text.
-
-    A byte-level BPE tokenizer's tokens are joined as bytes and decoded by Python (``SkippedSpecialBytes``); another
-    fast tokenizer that cleans up no spaces (transformers then adds nothing to the Rust tokenizer's result) calls the
-    Rust tokenizer's own ``decode``, skipping transformers' conversion of its arguments on each of a token's calls.
-    """
-    if tokenizer not in _BYTE_TABLES:
-        _BYTE_TABLES[tokenizer] = skipped_special_bytes(tokenizer)
-    table = _BYTE_TABLES[tokenizer]
-    if table is not None:
-        return partial(_decode_bytes, table.__getitem__)
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` as one callable. For a fast tokenizer that cleans up no
+    spaces (transformers then adds nothing to the Rust tokenizer's result) it is the Rust tokenizer's own
+    ``decode``, which skips transformers' conversion of its arguments on each of a token's two calls."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return partial(backend.decode, skip_special_tokens=True)
     return partial(tokenizer.decode, skip_special_tokens=True)
 
 
-def _decode_bytes(bytes_of: Callable[[int], bytes], ids: list[int]) -> str:
-    return b"".join(map(bytes_of, ids)).decode("utf-8", "replace")
+def byte_table_of(tokenizer: PreTrainedTokenizerBase) -> SkippedSpecialBytes | None:
+    """The tokenizer's table of its tokens' bytes, one for the tokenizer's life; None unless it is byte-level BPE."""
+    if tokenizer not in _BYTE_TABLES:
+        _BYTE_TABLES[tokenizer] = skipped_special_bytes(tokenizer)
+    return _BYTE_TABLES[tokenizer]
 
 
 # Each tokenizer's bytes of its tokens as decoded so far (None for a tokenizer that is not byte-level BPE).
@@ -58,10 +54,14 @@ def _one_token_texts(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
 class IncrementalDetokenizer:
     """Turns a growing list of output ids into text deltas.
 
-    Each push decodes only the tokens since the last clean boundary (``prefix_offset``) and hands out
-    the part past the previous read; a delta that ends in an incomplete UTF-8 sequence waits for the
-    next token. With stop strings, the last ``max(len(stop)) - 1`` characters are held back until it is
-    clear they do not start a stop string, so a streamed client never sees part of one.
+    A byte-level BPE tokenizer's tokens (GPT-2's, Llama 3's, SmolLM2's, Qwen2's) stand for bytes: each push
+    hands the token's bytes (``SkippedSpecialBytes``) to an incremental UTF-8 decoder, which gives the
+    characters they complete and keeps the bytes of one it has not seen whole (an invalid sequence becomes
+    U+FFFD at once), so ``text`` is always the tokenizer's decode of the output. Another tokenizer decodes a
+    window: each push decodes only the tokens since the last clean boundary (``prefix_offset``) and hands out
+    the part past the previous read; a delta that ends in an incomplete UTF-8 sequence waits for the next
+    token. With stop strings, the last ``max(len(stop)) - 1`` characters are held back until it is clear they
+    do not start a stop string, so a streamed client never sees part of one.
     """
 
     def __init__(
@@ -70,6 +70,9 @@ class IncrementalDetokenizer:
         prompt_token_ids: list[int],
         stop: tuple[str, ...] = (),
     ) -> None:
+        table = byte_table_of(tokenizer)
+        self._bytes_of = None if table is None else table.__getitem__
+        self._utf8 = None if table is None else codecs.getincrementaldecoder("utf-8")("replace")
         self._decode = decoder_of(tokenizer)
         self._one_token_texts = _one_token_texts(tokenizer)
         self._ids = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
@@ -86,21 +89,33 @@ class IncrementalDetokenizer:
         """Take one generated token; return the text that is now safe to show."""
         if self.stopped or is_stop_token:
             return ""
+        new = self._utf8.decode(self._bytes_of(token_id)) if self._utf8 is not None else self._window_text(token_id)
+        return self._add(new) if new else ""
+
+    def _window_text(self, token_id: int) -> str:
+        """The text ``token_id`` completes, from the window of tokens since the last clean boundary."""
         self._ids.append(token_id)
         prefix = self._decode_prefix()
         full = self._decode(self._ids[self._prefix_offset :])
         incomplete = full.endswith(REPLACEMENT_CHAR) and len(self._ids) - self._read_offset < MAX_PENDING_TOKENS
         if len(full) <= len(prefix) or incomplete:
             return ""
-        search_from = max(0, len(self.text) - self._hold)
-        self.text += full[len(prefix) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        if self._stop:
-            hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
-            if hits:
-                self.text = self.text[: min(hits)]
-                self.stopped = True
-                return self.flush()
+        return full[len(prefix) :]
+
+    def _add(self, new: str) -> str:
+        """Append ``new`` to the text; what is now safe to show (all of it up to a stop string, once one is found)."""
+        if not self._stop:  # nothing held back: everything before ``new`` was shown
+            self.text += new
+            self._num_emitted = len(self.text)
+            return new
+        search_from = max(0, len(self.text) - self._hold)
+        self.text += new
+        hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+            return self.flush()
         return self._release(len(self.text) - self._hold)
 
     def _decode_prefix(self) -> str:
@@ -118,7 +133,12 @@ class IncrementalDetokenizer:
         return text
 
     def flush(self) -> str:
-        """Everything not handed out yet (call once the sequence has finished)."""
+        """Everything not handed out yet (call once the sequence has finished): the bytes of a character never
+        completed show as U+FFFD, as the tokenizer's decode shows them."""
+        if self._utf8 is not None and not self.stopped:
+            tail = self._utf8.decode(b"", final=True)
+            if tail:
+                return self._add(tail) + self._release(len(self.text))
         return self._release(len(self.text))
 
     def _release(self, upto: int) -> str:
