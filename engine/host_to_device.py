@@ -16,8 +16,7 @@ inside it moved.
 
 import dataclasses
 import itertools
-from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
@@ -25,18 +24,6 @@ import torch
 T = TypeVar("T")
 
 ALIGN_BYTES = 16  # every tensor starts at a multiple of this in the buffer: the widest element is 8 bytes
-_ARRAY_TYPECODES = {torch.int64: "q", torch.int32: "i", torch.float32: "f"}
-
-
-def host_tensor(values: Iterable[int] | Iterable[float], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A 1-D host tensor of ``values`` (Python numbers): [len(values)] ``dtype``, int64, int32 or float32.
-
-    The numbers go through an ``array``, which converts them in one C loop, and the tensor shares its buffer;
-    ``torch.tensor`` converts a list one element at a time and costs several times as much on the lists of a
-    step's rows. An int that does not fit ``dtype`` raises OverflowError.
-    """
-    buffer = array(_ARRAY_TYPECODES[dtype], values)
-    return torch.frombuffer(buffer, dtype=dtype) if buffer else torch.empty(0, dtype=dtype)
 
 
 def move_to_device(tree: T, device: torch.device) -> T:

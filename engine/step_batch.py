@@ -8,7 +8,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.grammar_mask import num_bitmask_words
-from engine.host_to_device import host_tensor, move_to_device
+from engine.host_to_device import move_to_device
 from engine.lora_batch import LoraStep, LoraStepMemo, build_lora_step
 from engine.page_pool import PagePool
 from engine.scheduler import ScheduledSeq
@@ -16,6 +16,7 @@ from engine.sequence import Sequence
 from engine.verification import DraftPosition, draft_positions
 from loraplex_kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.host_tensor import host_tensor
 from loraplex_kernels.paged_prefill_attention import plan_prefill_tiles
 
 

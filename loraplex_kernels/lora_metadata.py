@@ -16,11 +16,13 @@ order, so ``v``'s width is the largest total rank of one segment; nothing is pad
 """
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from loraplex_kernels.host_tensor import host_tensor
 
 SKIP = -1  # row_start_a / row_start_b of a (segment, module) that reads no adapter rows
 
@@ -173,18 +175,21 @@ def build_sgmv_metadata(
     if num_rows and min(row_addr) < 0:
         raise ValueError("row addresses must be non-negative")
 
+    def tensor(values: Iterable[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        return host_tensor(values, dtype).to(device)  # built on the host, then moved (a no-op there)
+
     def table(rows: list[tuple[int, ...]]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.int32, device=device).view(len(segments), num_modules)
+        return tensor(itertools.chain.from_iterable(rows)).view(len(segments), num_modules)
 
     return SgmvMetadata(
-        seg_starts=torch.tensor(seg_starts, dtype=torch.int32, device=device),  # [num_segments + 1]
+        seg_starts=tensor(seg_starts),  # [num_segments + 1]
         row_start_a=table(row_start_a),  # [num_segments, num_modules]
         row_start_b=table(row_start_b),  # [num_segments, num_modules]
         ranks=table(ranks),  # [num_segments, num_modules]
         v_cols=table(v_cols),  # [num_segments, num_modules]
-        row_addr=torch.tensor(list(row_addr), dtype=torch.int64, device=device),  # [num_rows]
-        out_dims_table=torch.tensor(out_dims, dtype=torch.int32, device=device),  # [num_modules]
-        out_offsets_table=torch.tensor(out_offsets, dtype=torch.int32, device=device),  # [num_modules]
+        row_addr=tensor(row_addr, torch.int64),  # [num_rows]
+        out_dims_table=tensor(out_dims),  # [num_modules]
+        out_offsets_table=tensor(out_offsets),  # [num_modules]
         in_dim=in_dim,
         out_dims=out_dims,
         out_offsets=out_offsets,
