@@ -12,7 +12,7 @@ from engine.adapter_cache import AdapterEntry
 from engine.config import ModelConfig
 from engine.lora_config import projection_shapes
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
+from loraplex_kernels.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata, with_segment_tokens
 from loraplex_kernels.sgmv_fused import sgmv_fused
 from loraplex_kernels.sgmv_fused_native import SgmvNativePlan, plan_sgmv_native
 from loraplex_kernels.sgmv_fused_torch import SgmvFusedPlan, plan_sgmv_fused_torch
@@ -52,15 +52,19 @@ class LoraStep:
 
 
 class LoraStepMemo:
-    """The last step's tables, handed out again while a step's token runs are the same.
+    """The last step's tables, handed out again while a step's adapter runs are the same.
 
     In steady decoding each adapter's decode rows are one run (engine/step_batch.py groups them), so
     consecutive steps have the same runs until a sequence joins or leaves, or an adapter moves in the pool
-    (a new row table): the tables of every projection group are then built once, not every step.
+    (a new row table). A step whose runs name the same adapters in the same order, with their row tables, as
+    the last step's, reuses its tables: all of them when every run has the same tokens, and every table but
+    the runs' token counts (and the backend's plan of them) when a sequence of a running adapter joined or
+    left. Any other change builds them again.
     """
 
     def __init__(self) -> None:
-        self._key: list[tuple[int, AdapterEntry | None, list[int] | None]] = []
+        self._key: list[tuple[AdapterEntry | None, list[int] | None]] = []
+        self._counts: list[int] = []
         self._storage: torch.Tensor | None = None
         self._backend: KernelBackend | None = None
         self._step: LoraStep | None = None
@@ -72,25 +76,37 @@ class LoraStepMemo:
         storage: torch.Tensor,
         backend: KernelBackend = KernelBackend.TORCH,
     ) -> LoraStep | None:
-        """:func:`build_lora_step`'s tables, the last step's when its runs were the same."""
+        """:func:`build_lora_step`'s tables, made from the last step's where its adapter runs were the same."""
         segments = _merge_runs(runs)
-        key = [(num_tokens, entry, None if entry is None else entry.row_addr_list) for num_tokens, entry in segments]
-        if not (storage is self._storage and backend is self._backend and _same_runs(key, self._key)):
+        key = [(entry, None if entry is None else entry.row_addr_list) for _, entry in segments]
+        counts = [num_tokens for num_tokens, _ in segments]
+        if not (storage is self._storage and backend is self._backend and _same_adapters(key, self._key)):
             self._step = _build_lora_step(segments, model, storage, backend)
             self._key, self._storage, self._backend = key, storage, backend
+        elif counts != self._counts and self._step is not None:
+            self._step = _recount(self._step, counts, storage)
+        self._counts = counts
         return self._step
 
 
-def _same_runs(
-    key: list[tuple[int, AdapterEntry | None, list[int] | None]],
-    last: list[tuple[int, AdapterEntry | None, list[int] | None]],
+def _same_adapters(
+    key: list[tuple[AdapterEntry | None, list[int] | None]], last: list[tuple[AdapterEntry | None, list[int] | None]]
 ) -> bool:
-    """The same tokens per run, the same adapters, each with the row table it had (compared as objects: the
-    memo holds them, so none is freed and its identity reused)."""
+    """The same adapters run after run, each with the row table it had (compared as objects: the memo holds
+    them, so none is freed and its identity reused)."""
     return len(key) == len(last) and all(
-        num_tokens == last_tokens and entry is last_entry and rows is last_rows
-        for (num_tokens, entry, rows), (last_tokens, last_entry, last_rows) in zip(key, last, strict=True)
+        entry is last_entry and rows is last_rows
+        for (entry, rows), (last_entry, last_rows) in zip(key, last, strict=True)
     )
+
+
+def _recount(step: LoraStep, counts: list[int], storage: torch.Tensor) -> LoraStep:
+    """``step``'s tables with each run's token count from ``counts`` (one per run, as the step's segments)."""
+    groups = {}
+    for name, group in step.groups.items():
+        meta = with_segment_tokens(group.meta, counts)
+        groups[name] = LoraGroup(meta, _plan(step.backend, storage, meta))
+    return LoraStep(groups, step.page_elems, step.backend)
 
 
 def build_lora_step(

@@ -15,6 +15,7 @@ The intermediate ``v`` holds, for each token, its segment's rank blocks side by 
 order, so ``v``'s width is the largest total rank of one segment; nothing is padded to a global rank.
 """
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -223,6 +224,17 @@ def check_sgmv_metadata(meta: SgmvMetadata, device: torch.device) -> None:
             raise ValueError(f"meta.{name} must be {dtype} of shape {shape}, got {tensor.dtype} {tuple(tensor.shape)}")
         if not tensor.is_contiguous() or tensor.device != device:
             raise ValueError(f"meta.{name} must be contiguous and on {device}, got {tensor.device}")
+
+
+def with_segment_tokens(meta: SgmvMetadata, num_tokens: Sequence[int]) -> SgmvMetadata:
+    """``meta`` with each segment's ``num_tokens`` in place of its own: the same segments and rows, other counts
+    (a host tensor of ``seg_starts``, as the builder makes it on the host)."""
+    if len(num_tokens) != meta.num_segments or min(num_tokens, default=0) < 0:
+        raise ValueError(f"need {meta.num_segments} non-negative token counts, got {list(num_tokens)}")
+    seg_starts = tuple(itertools.accumulate(num_tokens, initial=0))
+    return dataclasses.replace(
+        meta, seg_starts=host_tensor(seg_starts, torch.int32), seg_starts_list=seg_starts
+    )  # seg_starts [num_segments + 1]
 
 
 def segment_items(meta: SgmvMetadata) -> list[int]:

@@ -1,4 +1,5 @@
-"""The engine's LoRA tables are reused while a step's adapter runs are the last step's, and rebuilt on any change."""
+"""The engine's LoRA tables are reused while a step's adapter runs are the last step's, their rows kept when only
+the runs' token counts changed, and rebuilt on any other change."""
 
 from pathlib import Path
 
@@ -52,9 +53,16 @@ def test_the_same_runs_reuse_the_tables_and_any_change_rebuilds_them(
     runs = [(1, qv), (1, qv), (1, mlp), (1, None)]
     first = check(runs, None)
     check(list(runs), first)  # the same runs in a new list: the same tables
-    longer = check([(1, qv), (1, qv), (1, mlp), (1, mlp), (1, None)], None)  # a sequence joined
+    longer = check([(1, qv), (1, qv), (1, mlp), (1, mlp), (1, None)], None)  # a sequence of mlp joined
     assert longer is not first
-    assert check([(1, mlp), (2, qv), (1, None)], None) is not longer  # another order
+    for name, group in longer.groups.items():  # the same adapters in the same order: only the counts are new
+        assert group.meta.row_addr is first.groups[name].meta.row_addr
+        assert group.meta.seg_starts_list != first.groups[name].meta.seg_starts_list
+    shorter = check([(1, qv), (1, mlp), (1, mlp), (1, None)], None)  # one of qv left
+    assert all(g.meta.row_addr is first.groups[n].meta.row_addr for n, g in shorter.groups.items())
+    other = check([(1, mlp), (2, qv), (1, None)], None)  # another order: built again
+    assert other is not shorter
+    assert all(g.meta.row_addr is not first.groups[n].meta.row_addr for n, g in other.groups.items())
 
     # The adapter moves in the pool: released, evicted, loaded again into other pages (a new row table).
     reordered = memo.build([(1, mlp), (2, qv), (1, None)], model, storage, backend)
