@@ -9,7 +9,7 @@ from engine.sequence import FinishReason, Sequence, SequenceStatus
 from engine.speculation import Speculator
 
 
-@dataclass(slots=True)  # one a row and a step: not frozen, whose __init__ costs a call a field (read-only all the same)
+@dataclass(slots=True)  # made for every row of every step: not frozen (see engine/outputs.py); treat as read-only
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # rows in the step, proposed tokens included

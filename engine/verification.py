@@ -94,7 +94,7 @@ def _grammar_rows(grammar: GrammarState, draft: tuple[int, ...], words: int) -> 
     return [DraftGrammar(bitmask[offset]) for offset in range(len(draft) + 1)]
 
 
-@dataclass(slots=True)  # one a row and a step: not frozen, whose __init__ costs a call a field (read-only all the same)
+@dataclass(slots=True)  # made for every row of every step: not frozen (see engine/outputs.py); treat as read-only
 class Verified:
     """One sequence's tokens from a step: the accepted proposal, then the model's own next token."""
 
