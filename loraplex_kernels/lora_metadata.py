@@ -67,6 +67,7 @@ class SgmvMetadata:
     v_width: int  # columns of v: the largest sum of one segment's ranks
     max_rank: int  # the largest rank of any (segment, module)
     max_row_end: int  # the largest row_addr + row length over the rows read, at layer 0 (bounds check)
+    max_segment_tokens: int  # the most tokens of one segment (the Triton kernels' token-tile grid extent)
     seg_starts_list: tuple[int, ...]  # host copies of the tables above, for the CPU implementation
     row_start_a_list: tuple[tuple[int, ...], ...]
     row_start_b_list: tuple[tuple[int, ...], ...]
@@ -197,6 +198,7 @@ def build_sgmv_metadata(
         v_width=v_width,
         max_rank=max(max(seg_ranks) for seg_ranks in ranks),
         max_row_end=max_row_end,
+        max_segment_tokens=max(num_tokens for num_tokens, _ in segments),
         seg_starts_list=tuple(seg_starts),
         row_start_a_list=tuple(row_start_a),
         row_start_b_list=tuple(row_start_b),
@@ -233,8 +235,11 @@ def with_segment_tokens(meta: SgmvMetadata, num_tokens: Sequence[int]) -> SgmvMe
         raise ValueError(f"need {meta.num_segments} non-negative token counts, got {list(num_tokens)}")
     seg_starts = tuple(itertools.accumulate(num_tokens, initial=0))
     return dataclasses.replace(
-        meta, seg_starts=host_tensor(seg_starts, torch.int32), seg_starts_list=seg_starts
-    )  # seg_starts [num_segments + 1]
+        meta,
+        seg_starts=host_tensor(seg_starts, torch.int32),  # [num_segments + 1]
+        seg_starts_list=seg_starts,
+        max_segment_tokens=max(num_tokens),
+    )
 
 
 def segment_items(meta: SgmvMetadata) -> list[int]:

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from loraplex_kernels.lora_metadata import SgmvMetadata, check_sgmv_metadata
-from loraplex_kernels.sgmv_shrink import check_pool
+from loraplex_kernels.sgmv_shrink import check_pool, num_token_tiles
 from loraplex_kernels.sgmv_torch import sgmv_expand_torch
 from loraplex_kernels.sgmv_torch_plan import SgmvTorchPlan
 from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
@@ -27,7 +27,9 @@ _NUM_WARPS = 4
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# num_token_tiles follows the step's longest segment: left generic, so one compiled kernel serves every step
+# (the runtime would otherwise build other variants for a step whose value is 1 or a multiple of 16).
+@triton.jit(do_not_specialize=["num_token_tiles"])
 def _sgmv_expand_kernel(
     v_ptr,  # [num_tokens, v_width]
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
@@ -41,6 +43,7 @@ def _sgmv_expand_kernel(
     out_offsets_ptr,  # [num_modules] int32
     layer_offset,  # l * P
     num_modules,
+    num_token_tiles,  # token tiles of the longest segment: programs per segment along axis 0
     stride_v,
     stride_y,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
@@ -48,44 +51,43 @@ def _sgmv_expand_kernel(
     RANK_PER_TILE: tl.constexpr,
     OUT_PER_TILE: tl.constexpr,
 ):
-    seg = tl.program_id(0)
+    seg = tl.program_id(0) // num_token_tiles
     module = tl.program_id(1)
     first_col = tl.program_id(2) * OUT_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
     out_dim = tl.load(out_dims_ptr + module)
-    if (rank > 0) & (first_col < out_dim):  # skipped pairs and tiles past this module's width exit at once
+    tile_start = tl.load(seg_starts_ptr + seg) + (tl.program_id(0) % num_token_tiles) * TOKENS_PER_TILE
+    tok_end = tl.load(seg_starts_ptr + seg + 1)
+    # skipped pairs, tiles past this module's width and token tiles past the segment's end exit at once
+    if (rank > 0) & (first_col < out_dim) & (tile_start < tok_end):
         row_start = tl.load(row_start_ptr + pair)
         v_col = tl.load(v_cols_ptr + pair)
         y_col = tl.load(out_offsets_ptr + module)
-        tok_start = tl.load(seg_starts_ptr + seg)
-        tok_end = tl.load(seg_starts_ptr + seg + 1)
 
         o = first_col + tl.arange(0, OUT_PER_TILE)  # [OUT_PER_TILE] columns of this module's output
         o_mask = o < out_dim  # [OUT_PER_TILE]
-        t = tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
+        tok = tile_start + tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
+        t_mask = tok < tok_end  # [TOKENS_PER_TILE]
         r = tl.arange(0, RANK_PER_TILE)  # [RANK_PER_TILE]
 
-        for tile_start in range(tok_start, tok_end, TOKENS_PER_TILE):
-            tok = tile_start + t  # [TOKENS_PER_TILE]
-            t_mask = tok < tok_end  # [TOKENS_PER_TILE]
-            v_rows = v_ptr + tok.to(tl.int64)[:, None] * stride_v + v_col  # [TOKENS_PER_TILE, 1]
-            acc = tl.zeros([TOKENS_PER_TILE, OUT_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, OUT_PER_TILE]
-            for j_start in range(0, rank, RANK_PER_TILE):
-                j = j_start + r  # [RANK_PER_TILE] rows of Bᵀ
-                j_mask = j < rank  # [RANK_PER_TILE]
-                vs = tl.load(
-                    v_rows + j[None, :], mask=t_mask[:, None] & j_mask[None, :], other=0.0
-                )  # [TOKENS_PER_TILE, RANK_PER_TILE]
-                addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK] i64
-                b = tl.load(
-                    storage_ptr + addr[:, None] + o[None, :], mask=j_mask[:, None] & o_mask[None, :], other=0.0
-                )  # [RANK_PER_TILE, OUT_PER_TILE]
-                acc = tl.dot(vs, b, acc, input_precision=DOT_PRECISION)  # [TOKENS_PER_TILE, OUT_PER_TILE]
-            y_ptrs = y_ptr + tok.to(tl.int64)[:, None] * stride_y + (y_col + o)[None, :]  # [TOKENS, OUT]
-            y_mask = t_mask[:, None] & o_mask[None, :]  # [TOKENS_PER_TILE, OUT_PER_TILE]
-            y = tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)  # [TOKENS_PER_TILE, OUT_PER_TILE]
-            tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=y_mask)
+        v_rows = v_ptr + tok.to(tl.int64)[:, None] * stride_v + v_col  # [TOKENS_PER_TILE, 1]
+        acc = tl.zeros([TOKENS_PER_TILE, OUT_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, OUT_PER_TILE]
+        for j_start in range(0, rank, RANK_PER_TILE):
+            j = j_start + r  # [RANK_PER_TILE] rows of Bᵀ
+            j_mask = j < rank  # [RANK_PER_TILE]
+            vs = tl.load(
+                v_rows + j[None, :], mask=t_mask[:, None] & j_mask[None, :], other=0.0
+            )  # [TOKENS_PER_TILE, RANK_PER_TILE]
+            addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK] i64
+            b = tl.load(
+                storage_ptr + addr[:, None] + o[None, :], mask=j_mask[:, None] & o_mask[None, :], other=0.0
+            )  # [RANK_PER_TILE, OUT_PER_TILE]
+            acc = tl.dot(vs, b, acc, input_precision=DOT_PRECISION)  # [TOKENS_PER_TILE, OUT_PER_TILE]
+        y_ptrs = y_ptr + tok.to(tl.int64)[:, None] * stride_y + (y_col + o)[None, :]  # [TOKENS, OUT]
+        y_mask = t_mask[:, None] & o_mask[None, :]  # [TOKENS_PER_TILE, OUT_PER_TILE]
+        y = tl.load(y_ptrs, mask=y_mask, other=0.0).to(tl.float32)  # [TOKENS_PER_TILE, OUT_PER_TILE]
+        tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
 @functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
@@ -97,7 +99,7 @@ def expand_launch(dtype: torch.dtype) -> TritonLaunch:
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
         **dict.fromkeys(("out_dims_ptr", "out_offsets_ptr"), "*i32"),
-        **dict.fromkeys(("layer_offset", "num_modules", "stride_v", "stride_y"), "i32"),
+        **dict.fromkeys(("layer_offset", "num_modules", "num_token_tiles", "stride_v", "stride_y"), "i32"),
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
@@ -113,6 +115,15 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
     return tuple(expand_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
+def expand_grid(meta: SgmvMetadata) -> tuple[int, int, int]:
+    """The expand kernel's grid: ((segment, token tile), module, tile of OUT_PER_TILE output columns)."""
+    return (
+        meta.num_segments * num_token_tiles(meta, _TOKENS_PER_TILE),
+        meta.num_modules,
+        triton.cdiv(max(meta.out_dims), _OUT_PER_TILE),
+    )
+
+
 def sgmv_expand_triton(
     v: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, y: torch.Tensor
 ) -> None:
@@ -121,11 +132,12 @@ def sgmv_expand_triton(
     check_sgmv_metadata(meta, y.device)
     if meta.num_tokens == 0 or meta.max_rank == 0:
         return
-    # One program per (segment, module, tile of OUT_PER_TILE output columns): each owns its block of y,
-    # so the read-add-write needs no atomics, and segments of different ranks share the launch (the rank
-    # loop runs to each pair's own rank). Tiles past a module's width, or of a skipped pair, return at
-    # once; the segment's tokens are looped inside, as in shrink.
-    grid = (meta.num_segments, meta.num_modules, triton.cdiv(max(meta.out_dims), _OUT_PER_TILE))
+    # One program per (segment, token tile, module, tile of OUT_PER_TILE output columns): each owns its
+    # block of y, so the read-add-write needs no atomics, and segments of different ranks share the launch
+    # (the rank loop runs to each pair's own rank). Tiles past a module's width, of a skipped pair, or past
+    # a segment's end return at once. The axes are laid out as in shrink, for the same reason: only axis 0,
+    # (segment, token tile), grows with the step past 65,535.
+    grid = expand_grid(meta)
     launch = expand_launch(y.dtype)
     _sgmv_expand_kernel[grid](
         v,
@@ -140,6 +152,7 @@ def sgmv_expand_triton(
         meta.out_offsets_table,
         layer_offset,
         meta.num_modules,
+        num_token_tiles(meta, _TOKENS_PER_TILE),
         v.stride(0),
         y.stride(0),
         **launch.constexprs,

@@ -26,7 +26,9 @@ _NUM_WARPS = 4
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# num_token_tiles follows the step's longest segment: left generic, so one compiled kernel serves every step
+# (the runtime would otherwise build other variants for a step whose value is 1 or a multiple of 16).
+@triton.jit(do_not_specialize=["num_token_tiles"])
 def _sgmv_shrink_kernel(
     x_ptr,  # [num_tokens, in_dim]
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
@@ -39,6 +41,7 @@ def _sgmv_shrink_kernel(
     layer_offset,  # l * P
     in_dim,
     num_modules,
+    num_token_tiles,  # token tiles of the longest segment: programs per segment along axis 0
     stride_x,
     stride_v,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
@@ -46,40 +49,39 @@ def _sgmv_shrink_kernel(
     RANK_PER_TILE: tl.constexpr,
     IN_PER_TILE: tl.constexpr,
 ):
-    seg = tl.program_id(0)
+    seg = tl.program_id(0) // num_token_tiles
     module = tl.program_id(1)
     first_row = tl.program_id(2) * RANK_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
-    if first_row < rank:  # skipped pairs and rank tiles past this pair's rank exit at once
+    tile_start = tl.load(seg_starts_ptr + seg) + (tl.program_id(0) % num_token_tiles) * TOKENS_PER_TILE
+    tok_end = tl.load(seg_starts_ptr + seg + 1)
+    # skipped pairs, rank tiles past this pair's rank and token tiles past the segment's end exit at once
+    if (first_row < rank) & (tile_start < tok_end):
         row_start = tl.load(row_start_ptr + pair)
         v_col = tl.load(v_cols_ptr + pair)
-        tok_start = tl.load(seg_starts_ptr + seg)
-        tok_end = tl.load(seg_starts_ptr + seg + 1)
 
         j = first_row + tl.arange(0, RANK_PER_TILE)  # [RANK_PER_TILE] rows of A
         j_mask = j < rank  # [RANK_PER_TILE]
         addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK_PER_TILE] i64
-        t = tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
+        tok = tile_start + tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
+        t_mask = tok < tok_end  # [TOKENS_PER_TILE]
         k = tl.arange(0, IN_PER_TILE)  # [IN_PER_TILE]
 
-        for tile_start in range(tok_start, tok_end, TOKENS_PER_TILE):
-            tok = tile_start + t  # [TOKENS_PER_TILE]
-            t_mask = tok < tok_end  # [TOKENS_PER_TILE]
-            x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x  # [TOKENS_PER_TILE, 1]
-            acc = tl.zeros([TOKENS_PER_TILE, RANK_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, RANK_PER_TILE]
-            for k_start in range(0, in_dim, IN_PER_TILE):
-                kk = k_start + k  # [IN_PER_TILE]
-                k_mask = kk < in_dim  # [IN_PER_TILE]
-                xs = tl.load(
-                    x_rows + kk[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0
-                )  # [TOKENS_PER_TILE, IN_PER_TILE]
-                a = tl.load(
-                    storage_ptr + addr[None, :] + kk[:, None], mask=k_mask[:, None] & j_mask[None, :], other=0.0
-                )  # [IN_PER_TILE, RANK_PER_TILE], A's rows as columns
-                acc = tl.dot(xs, a, acc, input_precision=DOT_PRECISION)  # [TOKENS_PER_TILE, RANK_PER_TILE]
-            v_ptrs = v_ptr + tok.to(tl.int64)[:, None] * stride_v + (v_col + j)[None, :]  # [TOKENS, RANK]
-            tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=t_mask[:, None] & j_mask[None, :])
+        x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x  # [TOKENS_PER_TILE, 1]
+        acc = tl.zeros([TOKENS_PER_TILE, RANK_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, RANK_PER_TILE]
+        for k_start in range(0, in_dim, IN_PER_TILE):
+            kk = k_start + k  # [IN_PER_TILE]
+            k_mask = kk < in_dim  # [IN_PER_TILE]
+            xs = tl.load(
+                x_rows + kk[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0
+            )  # [TOKENS_PER_TILE, IN_PER_TILE]
+            a = tl.load(
+                storage_ptr + addr[None, :] + kk[:, None], mask=k_mask[:, None] & j_mask[None, :], other=0.0
+            )  # [IN_PER_TILE, RANK_PER_TILE], A's rows as columns
+            acc = tl.dot(xs, a, acc, input_precision=DOT_PRECISION)  # [TOKENS_PER_TILE, RANK_PER_TILE]
+        v_ptrs = v_ptr + tok.to(tl.int64)[:, None] * stride_v + (v_col + j)[None, :]  # [TOKENS, RANK]
+        tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=t_mask[:, None] & j_mask[None, :])
 
 
 @functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
@@ -90,7 +92,7 @@ def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
         **dict.fromkeys(("x_ptr", "storage_ptr", "v_ptr"), f"*{t}"),
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
-        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "stride_x", "stride_v"), "i32"),
+        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "num_token_tiles", "stride_x", "stride_v"), "i32"),
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
@@ -106,6 +108,36 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
     return tuple(shrink_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
+# CUDA's limit on a grid's x extent, where the SGMV kernels put their (segment, token tile) programs; y and z
+# stop at 65535 (see sgmv_shrink_triton for why the axes are laid out as they are).
+MAX_GRID_X = 2**31 - 1
+
+
+def num_token_tiles(meta: SgmvMetadata, tokens_per_tile: int) -> int:
+    """Tiles of ``tokens_per_tile`` tokens in the step's longest segment: the programs each segment gets on
+    the SGMV kernels' grid axis 0. Read from the host's metadata, so nothing comes back from the device.
+
+    Raises ValueError when the (segment, token tile) programs would not fit the grid's x axis.
+    """
+    tiles = triton.cdiv(meta.max_segment_tokens, tokens_per_tile)
+    if meta.num_segments * tiles > MAX_GRID_X:
+        raise ValueError(
+            f"{meta.num_segments} segments of up to {meta.max_segment_tokens} tokens need "
+            f"{meta.num_segments * tiles} programs along the grid's x axis, past CUDA's {MAX_GRID_X}: "
+            "split the step into fewer segments or shorter ones"
+        )
+    return tiles
+
+
+def shrink_grid(meta: SgmvMetadata) -> tuple[int, int, int]:
+    """The shrink kernel's grid: ((segment, token tile), module, tile of RANK_PER_TILE rows of A)."""
+    return (
+        meta.num_segments * num_token_tiles(meta, _TOKENS_PER_TILE),
+        meta.num_modules,
+        triton.cdiv(meta.max_rank, _RANK_PER_TILE),
+    )
+
+
 def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int) -> torch.Tensor:
     """Launch the Triton kernel; see ``sgmv_shrink`` for the semantics and the arguments."""
     check_shrink_inputs(x, storage, meta, layer_offset)
@@ -113,11 +145,15 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
     v = torch.zeros(meta.num_tokens, meta.v_width, dtype=x.dtype, device=x.device)  # [num_tokens, v_width]
     if meta.num_tokens == 0 or meta.max_rank == 0:
         return v
-    # One program per (segment, module, tile of RANK_PER_TILE rows of A): each reads its rows of A once
-    # per token tile and writes its own columns of v, so no two programs write the same element and
-    # segments of different ranks share the launch (tiles past a pair's rank return at once). The
-    # segment's tokens are looped inside, so a long prefill segment and a decode token take one program.
-    grid = (meta.num_segments, meta.num_modules, triton.cdiv(meta.max_rank, _RANK_PER_TILE))
+    # One program per (segment, token tile, module, tile of RANK_PER_TILE rows of A): each reads its rows
+    # of A once and writes its own block of v, so no two programs write the same element, and a long
+    # segment (a prefill chunk) spreads over as many programs as it has token tiles. Segments of different
+    # ranks share the launch: tiles past a pair's rank return at once, as do token tiles past a segment's
+    # end (every segment gets as many as the longest one has, num_segments × its tiles in all). Axis 0
+    # holds (segment, token tile), a segment's tiles side by side so the programs reading one adapter's
+    # rows start together: that count grows with the step (a segment of 2^20 tokens alone is 65,536 tiles)
+    # and only a grid's x axis goes past 65,535; axes 1 and 2 are bounded by the model's shape.
+    grid = shrink_grid(meta)
     launch = shrink_launch(x.dtype)
     _sgmv_shrink_kernel[grid](
         x,
@@ -131,6 +167,7 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
         layer_offset,
         meta.in_dim,
         meta.num_modules,
+        num_token_tiles(meta, _TOKENS_PER_TILE),
         x.stride(0),
         v.stride(0),
         **launch.constexprs,

@@ -8,9 +8,15 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.lora_metadata import ModuleRows, SegmentSpec, SgmvMetadata, build_sgmv_metadata
-from loraplex_kernels.sgmv_expand import sgmv_expand, sgmv_expand_triton
-from loraplex_kernels.sgmv_shrink import sgmv_shrink, sgmv_shrink_triton
+from loraplex_kernels.lora_metadata import (
+    ModuleRows,
+    SegmentSpec,
+    SgmvMetadata,
+    build_sgmv_metadata,
+    with_segment_tokens,
+)
+from loraplex_kernels.sgmv_expand import expand_grid, sgmv_expand, sgmv_expand_triton
+from loraplex_kernels.sgmv_shrink import MAX_GRID_X, sgmv_shrink, sgmv_shrink_triton, shrink_grid
 from loraplex_kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 from loraplex_kernels.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
 
@@ -22,6 +28,11 @@ SPARE_PAGES = 3  # pages owned by no adapter, full of noise like every gap betwe
 # (in_dim, out_dims): a q/k/v-like group, a gate/up-like group with odd widths, a single module.
 GROUPS = {"qkv": (48, (48, 16, 16)), "odd": (33, (33, 64)), "single": (64, (48,))}
 POPULARITY = ["distinct", "uniform", "skewed", "identical"]
+# (tokens, adapter or None for the base model) around the kernels' 16-token tile: one token, one short of a
+# tile, exactly one, one past, two and a half tiles, an empty segment; base-model segments between them,
+# one longer than a tile.
+TILED_SEGMENTS = [(17, 0), (0, 1), (3, None), (1, 1), (40, 2), (20, None), (15, 0), (16, 1), (1, None)]
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z extents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +103,26 @@ def make_case(
     Adapter 0 lacks its second module when the group has two or more. ``packed`` places rows back to back
     from each page's start (as an engine would) instead of leaving random gaps between them.
     """
-    gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
-    in_dim, out_dims = GROUPS[group]
     lengths = split_tokens(num_tokens, rng)
-    segment_adapters = assign_adapters(lengths, popularity, rng)
+    return case_of_segments(group, ranks, lengths, assign_adapters(lengths, popularity, rng), dtype, seed, packed)
+
+
+def case_of_segments(
+    group: str,
+    ranks: list[int],
+    lengths: list[int],
+    segment_adapters: list[int | None],
+    dtype: torch.dtype,
+    seed: int,
+    packed: bool = False,
+) -> Case:
+    """``make_case`` for given segments: ``lengths[s]`` tokens reading adapter ``segment_adapters[s]``
+    (None: the base model only)."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed + 1)
+    in_dim, out_dims = GROUPS[group]
+    num_tokens = sum(lengths)
     used = sorted({a for a in segment_adapters if a is not None})
     num_adapters = max(used, default=-1) + 1
 
@@ -303,6 +329,48 @@ def test_empty_segments_change_nothing(seed: int):
         y = case.y.clone()
         expand(case.v, case.storage, meta, layer_offset, y)
         assert_close(y.double(), reference_expand(case, LAYER), 1e-4, seed)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol"),
+    [(torch.float32, 1e-4), (torch.float16, 1e-2), (torch.bfloat16, 2e-2)],
+    ids=["float32", "float16", "bfloat16"],
+)
+def test_segments_longer_than_a_token_tile_match_float64_reference(dtype: torch.dtype, tol: float, seed: int):
+    """Each token tile of a segment is a program of its own: every token of a segment of 15 to 40 tokens
+    written once, beside one-token, empty and base-model segments. bfloat16 runs torch only (see
+    test_bfloat16_torch_close_to_reference)."""
+    lengths, adapters = zip(*TILED_SEGMENTS, strict=True)
+    case = case_of_segments("qkv", [7, 16, 64], list(lengths), list(adapters), dtype, seed)
+    assert shrink_grid(case.meta)[0] == expand_grid(case.meta)[0] == 3 * len(TILED_SEGMENTS)  # 40 tokens: 3 tiles
+    check_both_ops(case, seed, tol, triton=dtype is not torch.bfloat16)
+
+
+def test_recounted_segments_take_their_new_token_tiles(seed: int):
+    """A step's tables recounted from one token a segment to longer ones (with_segment_tokens, as the engine
+    keeps a step's tables when only its runs' lengths change): the kernels cover every token of the new
+    lengths."""
+    lengths, adapters = zip(*TILED_SEGMENTS, strict=True)
+    case = case_of_segments("qkv", [7, 16], list(lengths), list(adapters), torch.float32, seed)
+    one_each = [(1, spec) for _, spec in case.segments]
+    meta = build_sgmv_metadata(one_each, case.row_addr, case.meta.in_dim, case.meta.out_dims)
+    check_both_ops(dataclasses.replace(case, meta=with_segment_tokens(meta, lengths)), seed)
+
+
+def test_grid_puts_a_long_segment_on_axis_0():
+    """A segment of 2^20 tokens is 65,536 token tiles, more than a grid's y or z axis holds: they go on x
+    with the segments, whose other axes follow the model's shape; a step past x's limit is refused."""
+    in_dim, out_dims = 4096, (4096, 1024, 1024)
+    rows = [ModuleRows(0, 64, 64)] * 3
+    row_addr = [i * in_dim for i in range(128)]
+    meta = build_sgmv_metadata([(2**20, rows), *[(1, rows)] * 300, (0, None)], row_addr, in_dim, out_dims)
+    for grid in shrink_grid(meta), expand_grid(meta):
+        assert grid[0] == 302 * 2**16 <= MAX_GRID_X
+        assert max(grid[1:]) <= MAX_GRID_YZ
+    crowded = build_sgmv_metadata([(2**27, rows), *[(0, None)] * 300], row_addr, in_dim, out_dims)
+    for grid_of in shrink_grid, expand_grid:
+        with pytest.raises(ValueError, match="past CUDA's"):
+            grid_of(crowded)
 
 
 def test_a_plan_serves_only_its_own_metadata(seed: int):
