@@ -1,12 +1,16 @@
-"""Where the host's decode step goes: bench_gpu --quick's workload with a clock around each phase of a step.
+"""Where the host's decode step goes: bench_gpu's workload with a clock around each phase of a step.
 
-The tiny model of ``bench_gpu --quick`` (its random weights and adapters, one CPU thread), 256 requests of 16
-prompt tokens over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode
-together, ``--steps`` steps are clocked. Each phase is a call the step makes once (scheduling, building the
-step's tables, the forward pass, building the sampler's input, sampling, accepting, applying the tokens); the
-report is each phase's median over the steps, and the step's. One clock read a call, no profiler.
+By default the tiny model of ``bench_gpu --quick`` (its random weights and adapters, one CPU thread); with
+``--cuda`` bench_gpu's model shape (``--shape``, llama-1b) in bf16 on the GPU. 256 requests of 16 prompt tokens
+over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode together,
+``--steps`` steps are clocked. Each phase is a call the step makes once (scheduling, building the step's tables,
+the forward pass, building the sampler's input, sampling, accepting, applying the tokens); the report is each
+phase's median over the steps, and the step's. One clock read a call, no profiler. On a GPU a phase's time is
+the host's: the forward pass is the time to launch its kernels, and sampling waits for the device (its read of
+the sampled tokens is the step's one synchronisation).
 
-    python -m scripts.profilers.host_step_phases --json    # last line: one JSON object
+    python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
+    python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
 """
 
 import argparse
@@ -26,7 +30,15 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.host_memory import freeze_startup_heap
-from scripts.benchmarks.bench_gpu import ADAPTER_RANK, NUM_ROWS, TARGETS, make_requests, write_random_model
+from scripts.benchmarks.bench_gpu import (
+    ADAPTER_RANK,
+    NUM_ROWS,
+    SHAPES,
+    TARGETS,
+    make_requests,
+    sync,
+    write_random_model,
+)
 from scripts.benchmarks.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("host_step_phases")
@@ -58,21 +70,28 @@ def clocked(function: Callable, phase: str, times: dict[str, list[float]]) -> Ca
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", action="store_true", help="no adapter")
+    parser.add_argument("--cuda", action="store_true", help="bench_gpu's model shape in bf16 on the GPU")
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="default: tiny, llama-1b with --cuda")
     parser.add_argument("--steps", type=int, default=60, help="full decode steps clocked")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     settings = Settings.from_env()
     home = settings.home / "bench_gpu"
-    folder = write_random_model(home / "tiny", "tiny", resolve_model(settings.model, settings.home), torch.float32)
+    if args.cuda and not torch.cuda.is_available():
+        parser.error("--cuda needs a CUDA device")
+    shape = args.shape or ("llama-1b" if args.cuda else "tiny")
+    dtype = torch.bfloat16 if args.cuda else torch.float32
+    folder = write_random_model(home / shape, shape, resolve_model(settings.model, settings.home), dtype)
     engine = Engine(EngineConfig(
-        model=str(folder), device="cpu", dtype="float32", max_num_seqs=NUM_ROWS,
-        max_num_batched_tokens=max(2048, NUM_ROWS), num_speculative_tokens=0, num_threads=1,
+        model=str(folder), device="cuda" if args.cuda else "cpu", dtype="bfloat16" if args.cuda else "float32",
+        max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS), num_speculative_tokens=0,
+        num_threads=None if args.cuda else 1,
     ))
     names = []
     if not args.base:
         for index in range(16):
-            path = write_synthetic_adapter(home / f"tiny-r{ADAPTER_RANK}-{index}", engine.model_config,
+            path = write_synthetic_adapter(home / f"{shape}-r{ADAPTER_RANK}-{index}", engine.model_config,
                                            ADAPTER_RANK, index, TARGETS)
             engine.add_adapter(f"a{index}", path)
             names.append(f"a{index}")
@@ -90,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         setattr(owner, name, clocked(function, phase, times))
     try:
         for _ in range(args.steps):
+            sync()
             start = time.perf_counter()
             engine.step()
+            sync()
             times["step"].append(time.perf_counter() - start)
     finally:
         for owner, name, function in originals:
@@ -100,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         engine.step()
 
     result = {phase: round(statistics.median(values) * 1000, 3) for phase, values in times.items()}
-    result = {"adapters": len(names), "rows": NUM_ROWS, **dict(sorted(result.items(), key=lambda kv: -kv[1]))}
+    result = {
+        "shape": shape, "device": "cuda" if args.cuda else "cpu", "adapters": len(names), "rows": NUM_ROWS,
+        **dict(sorted(result.items(), key=lambda kv: -kv[1])),
+    }
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
     else:
