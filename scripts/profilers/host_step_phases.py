@@ -22,6 +22,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -72,17 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", action="store_true", help="no adapter")
     parser.add_argument("--cuda", action="store_true", help="bench_gpu's model shape in bf16 on the GPU")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="default: tiny, llama-1b with --cuda")
+    parser.add_argument("--model-dir", type=Path, default=None, help="bench_gpu's: where its models and adapters are")
+    parser.add_argument("--tokenizer-dir", type=Path, default=None, help="bench_gpu's: the tokenizer's folder")
     parser.add_argument("--steps", type=int, default=60, help="full decode steps clocked")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     settings = Settings.from_env()
-    home = settings.home / "bench_gpu"
+    home = args.model_dir or settings.home / "bench_gpu"
     if args.cuda and not torch.cuda.is_available():
         parser.error("--cuda needs a CUDA device")
     shape = args.shape or ("llama-1b" if args.cuda else "tiny")
     dtype = torch.bfloat16 if args.cuda else torch.float32
-    folder = write_random_model(home / shape, shape, resolve_model(settings.model, settings.home), dtype)
+    tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
+    folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
     engine = Engine(EngineConfig(
         model=str(folder), device="cuda" if args.cuda else "cpu", dtype="bfloat16" if args.cuda else "float32",
         max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS), num_speculative_tokens=0,

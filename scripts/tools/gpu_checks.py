@@ -18,12 +18,14 @@ stopped step never stopping the next, and writes each step's output to the outpu
 - ``bench``: ``scripts.benchmarks.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
   transformers' anchor unless --bench-hf: that part alone ran over four minutes on an H200 (PEFT's mixed
   batch at 135 tokens/s), more than the other steps leave it;
-- ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log).
+- ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log);
+- ``phases``: ``scripts.profilers.host_step_phases --cuda`` on the bench's model, without and with 16 adapters:
+  the host's time in each phase of a decode step at 256 rows (phases.log). Last, so a slow bench cuts it first.
 
 Every Python step runs with TRITON_INTERPRET=0 (tests/conftest.py only sets it when it is unset), so the
 kernels compile for the GPU. summary.json holds each step's exit status and seconds, the op checks' errors
-and the bench's figures; the same table ends the output. The steps' limits add up to under nine minutes
-(--deadline-s), inside a ten-minute command.
+and the bench's figures; the same table ends the output. Every step ends by --deadline-s (under nine
+minutes), inside a ten-minute command: a step that would start later is not started.
 
     python -m scripts.tools.gpu_checks prepare                 # here; prints the carry list and the command
     python3 -m scripts.tools.gpu_checks run                    # on the CUDA machine; writes to $OUT
@@ -80,6 +82,7 @@ BENCH_S = 240  # bench_gpu without transformers' anchor: writing the 1.1B model 
 # `--only bench --bench-hf --deadline-s 580`.
 BENCH_HF_S = 570
 TESTS_S = 150
+PHASES_S = 60  # host_step_phases on bench_gpu's model, written by then: the host's share of a step, phase by phase
 DEADLINE_S = 510  # every step ends by then, well inside DEVICE_TIMEOUT_S
 MIN_STEP_S = 10  # a step that would get less is not started
 KILL_GRACE_S = 5  # between SIGTERM and SIGKILL to a stopped step's process group
@@ -274,6 +277,9 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
     bench += ["--model-dir", str(work / "bench_gpu")]
     bench += ["--quick"] if cpu else []
     bench += [] if bench_hf else ["--skip-hf"]
+    phases = [python, "-m", "scripts.profilers.host_step_phases", "--json", "--steps", "30"]
+    phases += ["--tokenizer-dir", str(ROOT / TOKENIZER), "--model-dir", str(work / "bench_gpu")]
+    phases += [] if cpu else ["--cuda"]
     pytest = (python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider")
     install = (
         python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
@@ -304,6 +310,12 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
             tuple(Command(Path(path).name, (*pytest, path, *deselect_args(path))) for path in TEST_FILES),
             "pytest.log",
             TESTS_S,
+        ),
+        Step(
+            "phases",
+            (Command("base", (*phases, "--base")), Command("16 adapters", tuple(phases))),
+            "phases.log",
+            PHASES_S,
         ),
     ]
 

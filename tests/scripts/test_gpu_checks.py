@@ -53,13 +53,16 @@ def test_the_plan_runs_the_kernels_compiled_and_the_bench_on_the_carried_tokeniz
     assert gpu_checks.main(["run", "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "TRITON_INTERPRET=0" in plan
-    assert [line.split(":")[0] for line in plan.splitlines() if not line.startswith((" ", "missing"))][-5:] == [
+    assert [line.split(":")[0] for line in plan.splitlines() if not line.startswith((" ", "missing"))][-6:] == [
         "nvidia-smi",
         "setup",
         "op-checks",
         "bench",
         "tests",
+        "phases",
     ]
+    phases = [line for line in plan.splitlines() if "host_step_phases" in line]
+    assert len(phases) == 2 and all("--cuda" in line and "--model-dir" in line for line in phases)
     bench = next(line for line in plan.splitlines() if "bench_gpu --json" in line)
     assert f"--tokenizer-dir {ROOT / '.gpu' / 'tokenizer'}" in bench and "--skip-hf" in bench
     assert "--dtypes float32,float16,bfloat16" in plan
