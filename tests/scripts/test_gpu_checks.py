@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.tools import gpu_checks
+from scripts.tools import gpu_checks, gpu_prepare
 from scripts.tools.gpu_checks import Command, Step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,4 +106,4 @@ def test_the_bench_json_line_is_kept_apart_from_other_output(tmp_path: Path) -> 
     ],
 )
 def test_only_wheels_for_the_device_python_are_taken(wheel: str, runs: bool) -> None:
-    assert gpu_checks.runs_on_device(wheel) is runs
+    assert gpu_prepare.runs_on_device(wheel) is runs
