@@ -9,7 +9,6 @@ lease survives two missed renewals before it lapses. The task starts with the fi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -54,13 +53,16 @@ class LeaseKeeper:
     def remove(self, lease_id: str) -> None:
         self._live.pop(lease_id, None)
 
-    async def close(self) -> None:
-        """Stop renewing: the leases still live lapse after the TTL unless they are settled."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def close(self, wait_s: float) -> None:
+        """Stop renewing: the leases still live lapse after the TTL unless they are settled. Waits ``wait_s`` at
+        most for a renewal under way to end (``asyncio.wait`` never waits past its timeout for a task to take
+        its cancellation, so a Redis call that does not end holds up no shutdown)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            _, unfinished = await asyncio.wait({task}, timeout=wait_s)
+            if unfinished:
+                logger.warning("a lease renewal did not end within %.0f s of closing", wait_s)
 
     async def _run(self) -> None:
         while True:

@@ -160,7 +160,7 @@ class RedisStore:
         A settle Redis does not take by then is cancelled and counted lost (its lease lapses after its TTL):
         a gateway's shutdown must not wait on a Redis that stopped answering.
         """
-        await self._leases.close()
+        await self._leases.close(CLOSE_WAIT_S)
         pending = [task for tasks in self._settling.values() for task in tasks]
         if pending:
             _, unfinished = await asyncio.wait(pending, timeout=CLOSE_WAIT_S)
@@ -169,10 +169,15 @@ class RedisStore:
             if unfinished:
                 await asyncio.wait(unfinished, timeout=CLOSE_WAIT_S)
                 logger.warning("%d settles did not reach Redis within %.0f s of closing", len(unfinished), CLOSE_WAIT_S)
-        try:
-            await asyncio.wait_for(self._client.aclose(), CLOSE_WAIT_S)
-        except (TimeoutError, *STORE_ERRORS):
+        # Not wait_for: on its timeout it waits for the call to take its cancellation, which may never come.
+        closing = asyncio.ensure_future(self._client.aclose())
+        _, unfinished = await asyncio.wait({closing}, timeout=CLOSE_WAIT_S)
+        error = None if unfinished else closing.exception()
+        if unfinished or isinstance(error, STORE_ERRORS):
+            closing.cancel()
             logger.warning("closing the Redis connections did not finish within %.0f s", CLOSE_WAIT_S)
+        elif error is not None:
+            raise error
 
     async def _settled(self, tenant_id: uuid.UUID) -> None:
         """Wait for this replica's settles of the tenant still under way (usually none)."""
