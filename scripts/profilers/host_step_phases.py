@@ -5,9 +5,11 @@ By default the tiny model of ``bench_gpu --quick`` (its random weights and adapt
 over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode together,
 ``--steps`` steps are clocked. Each phase is a call the step makes once (scheduling, building the step's tables,
 the forward pass, building the sampler's input, sampling, accepting, applying the tokens); the report is each
-phase's median over the steps, and the step's. One clock read a call, no profiler. On a GPU a phase's time is
-the host's: the forward pass is the time to launch its kernels, and sampling waits for the device (its read of
-the sampled tokens is the step's one synchronisation).
+phase's median over the steps, and the step's. One clock read a call, no profiler. The garbage collector's
+passes during those steps are timed too (``gc_full``: the count and total ms of full collections, ``gc_young``
+of the others); the objects of the start are frozen first, as a worker process does, unless ``--no-freeze``.
+On a GPU a phase's time is the host's: the forward pass is the time to launch its kernels, and sampling waits
+for the device (its read of the sampled tokens is the step's one synchronisation).
 
     python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
     python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
@@ -15,6 +17,7 @@ the sampled tokens is the step's one synchronisation).
 
 import argparse
 import functools
+import gc
 import json
 import logging
 import statistics
@@ -68,6 +71,19 @@ def clocked(function: Callable, phase: str, times: dict[str, list[float]]) -> Ca
     return wrapper
 
 
+def collection_clock(collections: dict[str, list[float]]) -> Callable[[str, dict], None]:
+    """A ``gc.callbacks`` entry that records each collection's seconds under "full" (generation 2) or "young"."""
+    started = [0.0]
+
+    def clock(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            collections["full" if info["generation"] == 2 else "young"].append(time.perf_counter() - started[0])
+
+    return clock
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", action="store_true", help="no adapter")
@@ -76,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=None, help="bench_gpu's: where its models and adapters are")
     parser.add_argument("--tokenizer-dir", type=Path, default=None, help="bench_gpu's: the tokenizer's folder")
     parser.add_argument("--steps", type=int, default=60, help="full decode steps clocked")
+    parser.add_argument("--no-freeze", action="store_true", help="leave the start's objects to the collector")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -99,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                                            ADAPTER_RANK, index, TARGETS)
             engine.add_adapter(f"a{index}", path)
             names.append(f"a{index}")
-    freeze_startup_heap()
+    if not args.no_freeze:
+        freeze_startup_heap()
     params = SamplingParams(max_tokens=args.steps + 8, temperature=0.0, ignore_eos=True)
     for index, prompt in enumerate(make_requests(NUM_ROWS, engine.model_config.vocab_size, 16, seed=0)):
         engine.add_request(prompt, params, adapter=names[index % len(names)] if names else None)
@@ -108,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         engine.step()
 
     times: dict[str, list[float]] = defaultdict(list)
+    collections: dict[str, list[float]] = defaultdict(list)
+    gc.callbacks.append(collection_clock(collections))
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in PHASES]
     for (owner, name, phase), (_, _, function) in zip(PHASES, originals, strict=True):
         setattr(owner, name, clocked(function, phase, times))
@@ -124,10 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     while engine.has_unfinished_requests():
         engine.step()
 
+    gc.callbacks.pop()
     result = {phase: round(statistics.median(values) * 1000, 3) for phase, values in times.items()}
+    gc_counts = {
+        f"gc_{kind}": [len(collections[kind]), round(sum(collections[kind]) * 1000, 1)] for kind in ("full", "young")
+    }
     result = {
         "shape": shape, "device": "cuda" if args.cuda else "cpu", "adapters": len(names), "rows": NUM_ROWS,
         **dict(sorted(result.items(), key=lambda kv: -kv[1])),
+        **gc_counts,
     }
     if args.json:
         sys.stdout.write(json.dumps(result) + "\n")
