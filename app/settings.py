@@ -11,7 +11,7 @@ import platformdirs
 
 from app.model_store import DEFAULT_MODEL_SPEC
 from app.settings_defaults import DEFAULT_MAX_N, DEFAULT_MAX_PROMPTS, DEFAULT_TOOL_CALL_FORMAT, TOOL_CALL_FORMATS
-from engine.lora_adapter import MAX_RANK, MIN_RANK
+from engine.adapters.lora_adapter import MAX_RANK, MIN_RANK
 
 APP_NAME = "loraplex"
 _FALSE_WORDS = ("0", "false", "no", "off")
@@ -27,7 +27,7 @@ DEFAULT_SPECULATIVE_TOKENS = 5  # measured best on the input-grounded benchmark 
 ENGINE_KINDS = ("local", "process", "thread", "ray")
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the first is the default
 QUANTIZATION_CHOICES = ("int8",)
-BF16_GEMMS = ("auto", "widen", "dot")  # the first is the default (engine/bf16_gemm.py)
+BF16_GEMMS = ("auto", "widen", "dot")  # the first is the default (engine/modeling/bf16_gemm.py)
 # What a limit does while Redis cannot be reached; the first is the default. Rate and concurrency let
 # requests through (an outage of Redis does not stop the service), the budget refuses them (tokens past a
 # budget are spending the tenant did not agree to).

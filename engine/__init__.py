@@ -3,9 +3,9 @@
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, PoolExhaustedError, RequestError, RequestFailedError
-from engine.grammar import GrammarConstraint, GrammarError, GrammarKind
-from engine.outputs import EngineStats, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.output.outputs import EngineStats, RequestOutput
+from engine.sampling.grammar import GrammarConstraint, GrammarError, GrammarKind
+from engine.sampling.sampling_params import SamplingParams
 
 __all__ = [
     "ConfigError",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from engine.bf16_gemm import BF16_GEMM_CHOICES, resolve_bf16_gemm
 from engine.errors import ConfigError
-from engine.precision import QUANTIZATIONS, Precision, requested_dtype, resolve_precision
+from engine.modeling.bf16_gemm import BF16_GEMM_CHOICES, resolve_bf16_gemm
+from engine.modeling.precision import QUANTIZATIONS, Precision, requested_dtype, resolve_precision
 from loraplex_kernels.backend import KernelBackend, triton_unavailable_reason
 from loraplex_kernels.native_cpu import unavailable_reason
 
@@ -38,7 +38,7 @@ class EngineConfig:
     dtype: str = "auto"
     """The model's precision: "float32", "bfloat16", "float16" or "auto" (bf16 on CUDA; on CPU bf16 where the
     CPU computes it natively, AVX512-BF16 or AMX, else fp32). On the native CPU kernels bf16 is the
-    projections' weight format and the K/V's in the pool, and activations stay fp32 (engine/precision.py)."""
+    projections' weight format and the K/V's in the pool, and activations stay fp32 (engine/modeling/precision.py)."""
     quantization: str | None = None
     """"int8": per-output-row symmetric int8 projection weights, quantized at load (CPU only); None: none."""
     bf16_gemm: str = "auto"
@@ -46,7 +46,7 @@ class EngineConfig:
     FMAs; every CPU), "dot" (the weight format's dot products: AVX512-BF16's on bf16-rounded activations for
     bf16 weights, AVX512-VNNI's on activations quantized to int8 per block of 32 for int8 weights; a CPU
     without them is a ConfigError), or "auto" (both timed at load on the gate/up projection at max_num_seqs
-    rows where the CPU has both, the faster kept; engine/bf16_gemm.py). Ignored for fp32 weights and off
+    rows where the CPU has both, the faster kept; engine/modeling/bf16_gemm.py). Ignored for fp32 weights and off
     the native kernels."""
     pool_bytes: int | None = None
     """Bytes for the unified page pool; None: a fraction of free GPU memory, or 2 GiB on CPU."""
@@ -126,7 +126,7 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
-        """The model dtype on ``device`` (``auto`` resolved); the activations' may differ (engine/precision.py)."""
+        """The model dtype on ``device`` (``auto`` resolved); the activations' may differ (modeling/precision.py)."""
         return requested_dtype(self.dtype, device)[0]
 
     def precision(self, device: torch.device, backend: KernelBackend, projection_shape: tuple[int, int]) -> Precision:

@@ -1,7 +1,7 @@
 """The engine: requests in, tokens out, one step at a time.
 
 :class:`Engine` builds the model, the page pool and the scheduler, registers adapters, and checks and
-queues requests; its :class:`~engine.step_runner.StepRunner` runs each step (schedule, run, update).
+queues requests; its :class:`~engine.step.step_runner.StepRunner` runs each step (schedule, run, update).
 """
 
 import itertools
@@ -15,28 +15,28 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoTokenizer
 
-from engine.adapter_cache import AdapterCache
+from engine.adapters.adapter_cache import AdapterCache
+from engine.adapters.lora_adapter import LoraAdapter, load_lora_adapter
 from engine.config import EngineConfig, ModelConfig
-from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ConfigError, PoolExhaustedError, RequestError
-from engine.fair_queue import FairQueue
-from engine.grammar import GrammarCompiler, GrammarState
-from engine.host_memory import keep_large_buffers_in_heap
-from engine.kv_cache_manager import KVCacheManager
-from engine.lora_adapter import LoraAdapter, load_lora_adapter
-from engine.model import LlamaModel
-from engine.outputs import EngineStats, RequestOutput
-from engine.page_pool import make_pool
-from engine.precision import dtype_name
-from engine.request_limits import RequestLimits
-from engine.request_queue import FifoQueue, RequestQueue
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import DEFAULT_TENANT, Sequence
-from engine.speculation import Speculator
-from engine.step_runner import StepRunner
-from engine.token_bytes import TokenBytes
-from engine.weights import load_weights
+from engine.memory.host_memory import keep_large_buffers_in_heap
+from engine.memory.kv_cache_manager import KVCacheManager
+from engine.memory.page_pool import make_pool
+from engine.modeling.model import LlamaModel
+from engine.modeling.precision import dtype_name
+from engine.modeling.weights import load_weights
+from engine.output.detokenizer import IncrementalDetokenizer
+from engine.output.outputs import EngineStats, RequestOutput
+from engine.output.token_bytes import TokenBytes
+from engine.sampling.grammar import GrammarCompiler, GrammarState
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.fair_queue import FairQueue
+from engine.scheduling.request_limits import RequestLimits
+from engine.scheduling.request_queue import FifoQueue, RequestQueue
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import DEFAULT_TENANT, Sequence
+from engine.speculative.speculation import Speculator
+from engine.step.step_runner import StepRunner
 
 if TYPE_CHECKING:
     import xgrammar

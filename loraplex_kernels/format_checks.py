@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import WIDEN, LinearWeight, linear, linear_silu_mul
+from loraplex_kernels.layer_ops.silu_mul import silu_mul_torch
 from loraplex_kernels.op_checks import OPS, SEED, TOLERANCES, CheckTarget, OpCheck, pairs_error
-from loraplex_kernels.silu_mul import silu_mul_torch
+from loraplex_kernels.projection.linear import WIDEN, LinearWeight, linear, linear_silu_mul
 
 # A projection on bf16 or int8 weights against the same projection on the float32 weights: the weights'
 # rounding (bf16 keeps 8 bits of mantissa, int8 steps of 1/127 of a row's largest magnitude), on unit-scale

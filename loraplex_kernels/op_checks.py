@@ -22,21 +22,21 @@ from dataclasses import dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
-from loraplex_kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
-from loraplex_kernels.argmax_rows import argmax_rows
-from loraplex_kernels.attention_metadata import PagedAttentionMetadata
+from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
+from loraplex_kernels.attention.paged_attention import paged_attention
+from loraplex_kernels.attention.paged_attention_split import KEYS_PER_SPLIT
+from loraplex_kernels.attention.paged_attention_torch import paged_attention_torch
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.kv_write import kv_row_index
-from loraplex_kernels.linear import LinearWeight, linear
-from loraplex_kernels.lora_metadata import build_sgmv_metadata
-from loraplex_kernels.paged_attention import paged_attention
-from loraplex_kernels.paged_attention_split import KEYS_PER_SPLIT
-from loraplex_kernels.paged_attention_torch import paged_attention_torch
-from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
-from loraplex_kernels.sgmv_fused import sgmv_fused
-from loraplex_kernels.sgmv_fused_native import plan_sgmv_native
-from loraplex_kernels.sgmv_fused_torch import plan_sgmv_fused_torch, sgmv_fused_torch
-from loraplex_kernels.silu_mul import silu_mul, silu_mul_torch
+from loraplex_kernels.layer_ops.add_rms_norm import add_rms_norm, add_rms_norm_torch
+from loraplex_kernels.layer_ops.argmax_rows import argmax_rows
+from loraplex_kernels.layer_ops.kv_write import kv_row_index
+from loraplex_kernels.layer_ops.rope_kv_write import rope_kv_write, rope_kv_write_torch
+from loraplex_kernels.layer_ops.silu_mul import silu_mul, silu_mul_torch
+from loraplex_kernels.projection.linear import LinearWeight, linear
+from loraplex_kernels.sgmv.lora_metadata import build_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_fused import sgmv_fused
+from loraplex_kernels.sgmv.sgmv_fused_native import plan_sgmv_native
+from loraplex_kernels.sgmv.sgmv_fused_torch import plan_sgmv_fused_torch, sgmv_fused_torch
 
 # Scaled error allowed per dtype: float32 leaves summation order; bf16 and fp16 round every output.
 TOLERANCES = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}

@@ -64,7 +64,7 @@ class AotResult:
 def package_modules() -> Iterator[ModuleType]:
     """Every module of the ``kernels`` package, imported."""
     package = importlib.import_module("loraplex_kernels")
-    for info in pkgutil.iter_modules(package.__path__, "loraplex_kernels."):
+    for info in pkgutil.walk_packages(package.__path__, "loraplex_kernels."):
         yield importlib.import_module(info.name)
 
 

@@ -74,7 +74,7 @@ class TritonLaunch:
 
 
 def kernel_name(kernel: Any) -> str:
-    """``module.function`` of a ``@triton.jit`` kernel, e.g. ``loraplex_kernels.sgmv_shrink._sgmv_shrink_kernel``."""
+    """A ``@triton.jit`` kernel's ``module.function``: ``loraplex_kernels.sgmv.sgmv_shrink._sgmv_shrink_kernel``."""
     return f"{kernel.fn.__module__}.{kernel.fn.__name__}"
 
 

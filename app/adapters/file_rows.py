@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.tables import Adapter, AdapterFile
-from engine.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
+from engine.adapters.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
 
 DELETED = "deleted"
 DIGEST_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('adapter_files:' || :digest))")

@@ -25,8 +25,8 @@ from app.adapters.file_rows import read_folder
 from app.adapters.store import ADAPTER_FILES, DIGEST, stored_folder
 from app.db.database import Database
 from app.db.tables import AdapterFile
+from engine.adapters.lora_adapter import adapter_digest
 from engine.errors import AdapterMismatchError, AdapterNotFoundError
-from engine.lora_adapter import adapter_digest
 
 logger = logging.getLogger(__name__)
 

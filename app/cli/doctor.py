@@ -39,7 +39,7 @@ from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.errors import ConfigError
-from engine.precision import dtype_name
+from engine.modeling.precision import dtype_name
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.native_cpu import unavailable_reason
 

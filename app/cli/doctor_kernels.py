@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from app.cli.doctor_results import CheckResult, Status
-from engine.bf16_gemm import dot_runs
-from engine.precision import dtype_name
+from engine.modeling.bf16_gemm import dot_runs
+from engine.modeling.precision import dtype_name
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.format_checks import (
     ADAPTER_FORMAT_TOLERANCES,
@@ -19,9 +19,9 @@ from loraplex_kernels.format_checks import (
     run_kv_format_check,
     run_weight_format_check,
 )
-from loraplex_kernels.linear import DOT, WIDEN
 from loraplex_kernels.native_cpu import unavailable_reason
 from loraplex_kernels.op_checks import OPS, OpCheck, run_op_check
+from loraplex_kernels.projection.linear import DOT, WIDEN
 
 
 def check_weight_formats(device: torch.device, backend: KernelBackend | None) -> list[CheckResult]:

@@ -2,7 +2,7 @@
 
 A Serve handle sends each call to ONE replica, but removing an adapter, pinning one, ending every request
 and reading each worker's gauges must reach them ALL. Each replica joins the directory when it starts and
-long-polls it for commands (``engine/worker_protocol.py`` messages, as bytes); :meth:`EngineDirectory.broadcast`
+long-polls it for commands (``engine/drivers/worker_protocol.py`` messages, as bytes); :meth:`EngineDirectory.broadcast`
 queues a command for every live replica and returns each one's :class:`Reply`. A replica that has not
 polled for ``LIVENESS_S`` is dropped (it died; Serve starts another, which joins afresh). Pins are kept
 here as well, so a replica that joins later (a restart, a scale-up) pins the same adapters.

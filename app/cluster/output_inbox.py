@@ -29,10 +29,10 @@ import msgspec
 
 from app.cluster.output_wire import Hello, InboxAddress, RunEnded
 from app.engine_clients.channel import FrameChannel, stays_on
+from engine.drivers.worker_protocol import Abort, StepOutputs, frame, from_wire
 from engine.errors import EngineDeadError, EngineError, RequestError
-from engine.output_delta import OutputAssembler
-from engine.output_queue import OutputQueue
-from engine.worker_protocol import Abort, StepOutputs, frame, from_wire
+from engine.output.output_delta import OutputAssembler
+from engine.output.output_queue import OutputQueue
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from app.cluster.output_wire import Hello, InboxAddress
 from app.engine_clients.channel import FrameChannel
+from engine.drivers.worker_protocol import Abort, StepOutputs, decode_command, frame
 from engine.errors import EngineDeadError
-from engine.worker_protocol import Abort, StepOutputs, decode_command, frame
 
 logger = logging.getLogger(__name__)
 

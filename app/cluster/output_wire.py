@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.worker_protocol import WireError
+from engine.drivers.worker_protocol import WireError
 
 
 class InboxAddress(msgspec.Struct, frozen=True, array_like=True):

@@ -41,10 +41,9 @@ from app.cluster.output_wire import RunEnded
 from app.engine_clients.interface import AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
+from engine.adapters.lora_adapter import load_lora_adapter
 from engine.config import ModelConfig
-from engine.errors import EngineDeadError, EngineError, RequestFailedError, UnknownAdapterError
-from engine.lora_adapter import load_lora_adapter
-from engine.worker_protocol import (
+from engine.drivers.worker_protocol import (
     AbortRequests,
     CheckConstraint,
     Command,
@@ -55,6 +54,7 @@ from engine.worker_protocol import (
     Submit,
     from_wire,
 )
+from engine.errors import EngineDeadError, EngineError, RequestFailedError, UnknownAdapterError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One engine worker as a Ray Serve replica: an :class:`EngineWorker` on its own pool, adapters multiplexed by digest.
 
 The worker's step thread builds the engine from the config, so the thread that steps it is the one that built
-it (``engine/engine_build.py`` says why that matters on the CPU).
+it (``engine/drivers/engine_build.py`` says why that matters on the CPU).
 
 Requests arrive through Serve's deployment handle as one encoded :class:`Submit` each, with the address of
 the sending gateway's output inbox. Outputs do not go back through Serve: each engine step's outputs of
@@ -44,11 +44,8 @@ from app.cluster.output_links import OutputLink, OutputLinks
 from app.cluster.output_wire import InboxAddress, RunEnded
 from app.cluster.replica_adapters import ReplicaAdapters
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineError
-from engine.host_memory import freeze_startup_heap
-from engine.output_delta import OutputDelta
-from engine.worker import EngineWorker
-from engine.worker_protocol import (
+from engine.drivers.worker import EngineWorker
+from engine.drivers.worker_protocol import (
     AbortAll,
     Command,
     GetStats,
@@ -61,6 +58,9 @@ from engine.worker_protocol import (
     decode_command,
     to_wire,
 )
+from engine.errors import EngineDeadError, EngineError
+from engine.memory.host_memory import freeze_startup_heap
+from engine.output.output_delta import OutputDelta
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class EngineReplica:
         self._worker = EngineWorker(config, emit=self._emit_threadsafe, on_death=self._on_death_threadsafe)
         await asyncio.wrap_future(self._worker.start())  # built on the step thread; raises what Engine(config) raised
         self.capacity = await asyncio.wrap_future(self._worker.call(lambda engine: engine.adapters.capacity()))
-        freeze_startup_heap()  # the replica's process serves this engine until it exits (engine/host_memory.py)
+        freeze_startup_heap()  # the replica's process serves this engine until it exits (engine/memory/host_memory.py)
         fetcher = AdapterFetcher(Path(store_root), Path(cache_root), database_url)
         self._adapters = ReplicaAdapters(self._worker, fetcher, self._loop, self.capacity)
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=DIRECTORY_NAMESPACE)

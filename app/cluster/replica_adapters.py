@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from ray import serve
 
 from app.cluster.adapter_fetch import AdapterFetcher
+from engine.drivers.worker import EngineWorker
 from engine.engine import Engine
-from engine.worker import EngineWorker
 
 
 class LoadedAdapter:

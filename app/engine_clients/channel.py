@@ -2,7 +2,7 @@
 
 Non-blocking and thread-free: reading is a reader callback on the event loop, writing goes through an
 outbox that is flushed as fast as the socket takes it. A frame is its length (4 bytes) and its body
-(``engine/worker_protocol.py``). The channel serves one event loop at a time: a server has one, while
+(``engine/drivers/worker_protocol.py``). The channel serves one event loop at a time: a server has one, while
 tests run one loop after another, so :meth:`FrameChannel.bind` moves it to the caller's loop once the
 loop it served has stopped. Frames may be sent from any thread.
 """
@@ -16,7 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from engine.worker_protocol import FRAME_HEADER_BYTES, frame_size
+from engine.drivers.worker_protocol import FRAME_HEADER_BYTES, frame_size
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 On a thread of the gateway's process, the engine's step loop fights the event loop for the GIL: each of
 the ~1,800 torch op returns of a step needs it back, and Python's switch interval is 5 ms.
-Here the engine runs in a worker process (``engine/worker_process.py``, started with "spawn") and the
-gateway talks to it over a socket pair in the small typed messages of ``engine/worker_protocol.py``: a
+Here the engine runs in a worker process (``engine/drivers/worker_process.py``, started with "spawn") and the
+gateway talks to it over a socket pair in the small typed messages of ``engine/drivers/worker_protocol.py``: a
 request is one Submit frame, each engine step's outputs come back as ONE frame for all requests. The
 gateway keeps its own tokenizer, reads the socket on its event loop (no thread), and routes the outputs
 to per-request queues. Errors keep their engine classes across the boundary. A worker that dies ends
@@ -31,11 +31,8 @@ from app.engine_clients.channel import FrameChannel
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
-from engine.errors import EngineDeadError, EngineError, RequestError, UnknownAdapterError
-from engine.output_delta import OutputAssembler
-from engine.output_queue import OutputQueue
-from engine.worker_process import run_worker_process
-from engine.worker_protocol import (
+from engine.drivers.worker_process import run_worker_process
+from engine.drivers.worker_protocol import (
     Abort,
     AbortAll,
     AdapterSummary,
@@ -57,6 +54,9 @@ from engine.worker_protocol import (
     frame,
     from_wire,
 )
+from engine.errors import EngineDeadError, EngineError, RequestError, UnknownAdapterError
+from engine.output.output_delta import OutputAssembler
+from engine.output.output_queue import OutputQueue
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """An engine on a thread of this process, behind the EngineClient interface (``LORAPLEX_ENGINE=thread``).
 
 Its step loop runs on a thread of its own (:class:`AsyncEngine`), which also builds the engine (the thread
-that steps an engine should be the one that built it: ``engine/engine_build.py``), and shares the GIL with
+that steps an engine should be the one that built it: ``engine/drivers/engine_build.py``), and shares the GIL with
 the event loop; the default runs the engine in a worker process instead (app/engine_clients/process.py).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from app.engine_clients.tokenizer import GatewayTokenizer, TokenizingClient
 from engine import EngineConfig, EngineStats, GrammarConstraint, RequestOutput, SamplingParams
-from engine.async_engine import AsyncEngine
+from engine.drivers.async_engine import AsyncEngine
 
 
 class LocalEngineClient(TokenizingClient):

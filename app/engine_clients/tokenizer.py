@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.token_bytes import TokenBytes
+from engine.output.token_bytes import TokenBytes
 
 
 class GatewayTokenizer:

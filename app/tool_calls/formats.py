@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from app.settings_defaults import DEFAULT_TOOL_CALL_FORMAT
 from app.tool_calls.pythonic_grammar import arguments_grammar
-from engine.grammar import MAX_JSON_WHITESPACE
+from engine.sampling.grammar import MAX_JSON_WHITESPACE
 
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 _NAME = r"(?P<name>[a-zA-Z0-9_-]{1,64})"

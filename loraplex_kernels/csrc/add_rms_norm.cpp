@@ -1,5 +1,5 @@
-// Fused residual add + RMSNorm (semantics: loraplex_kernels/add_rms_norm.py::add_rms_norm): one pass over each
-// row adds the residual in place and sums squares, a second writes the normalised row.
+// Fused residual add + RMSNorm (semantics: loraplex_kernels/layer_ops/add_rms_norm.py::add_rms_norm): one pass over
+// each row adds the residual in place and sums squares, a second writes the normalised row.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -1,4 +1,5 @@
-// The index of each row's largest value, as torch.argmax(dim=-1) (semantics: loraplex_kernels/argmax_rows.py).
+// The index of each row's largest value, as torch.argmax(dim=-1) (semantics:
+// loraplex_kernels/layer_ops/argmax_rows.py).
 //
 // Greedy decoding reads one row of logits per sequence: 64 rows x 49,152 fp32 (12.6 MB) a decode step
 // of the default model, which torch's reduction reads far below the memory's speed (figures:

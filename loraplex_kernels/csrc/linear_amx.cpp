@@ -1,6 +1,6 @@
-// Dense projections on bf16 weights with AMX tiles (semantics: loraplex_kernels/linear_dot.py's linear_amx): the same
-// pair panels as linear_dot.cpp's vdpbf16ps tiles, multiplied by the tile unit of CPUs with AMX-BF16 (Intel
-// Sapphire Rapids and later).
+// Dense projections on bf16 weights with AMX tiles (semantics: loraplex_kernels/projection/linear_dot.py's
+// linear_amx): the same pair panels as linear_dot.cpp's vdpbf16ps tiles, multiplied by the tile unit of CPUs with
+// AMX-BF16 (Intel Sapphire Rapids and later).
 //
 // A pair panel row (one kp, kPanelWidth columns' pairs: 4 * kPanelWidth bytes) is exactly what a row of an
 // AMX weight tile holds for 16 columns, so a 16-column block of 16 k pairs is a tile load from the panel with

@@ -1,6 +1,6 @@
-// Dense projections on bf16 weights with AVX512-BF16's dot product (semantics: loraplex_kernels/linear_dot.py); the
-// second panel format of bf16 weights beside linear_packed.cpp's k-major panels (int8 weights have
-// linear_vnni.cpp's).
+// Dense projections on bf16 weights with AVX512-BF16's dot product (semantics:
+// loraplex_kernels/projection/linear_dot.py); the second panel format of bf16 weights beside linear_packed.cpp's
+// k-major panels (int8 weights have linear_vnni.cpp's).
 //
 // The weight [N, K] is packed once into panels of kPanelWidth output columns with k in pairs:
 // packed[p][kp][2c + j] = weight[p * kPanelWidth + c][2kp + j], zero past N and past K (the pairs run to a

@@ -1,4 +1,4 @@
-// Dense projections on weights packed into column panels (semantics: loraplex_kernels/linear_packed.py).
+// Dense projections on weights packed into column panels (semantics: loraplex_kernels/projection/linear_packed.py).
 //
 // The weight [N, K] is packed once into panels of kPanelWidth output columns, each stored k-major:
 // packed[p][k][c] = weight[p * kPanelWidth + c][k], zero past N. A tile of kTileRows input rows and one
@@ -25,7 +25,7 @@
 // at 64-256 rows, where the tiles are bound by arithmetic: docs/benchmarks.md). int8 panels carry one scale per output
 // column, applied once to the finished sums (y = scale * sum_k x * q + bias). These k-major panels are the
 // GEMM of bf16 and int8 weights on every build; linear_dot.cpp holds the other, on AVX512-BF16's dot
-// products, which the engine times against this one at load (engine/bf16_gemm.py).
+// products, which the engine times against this one at load (engine/modeling/bf16_gemm.py).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

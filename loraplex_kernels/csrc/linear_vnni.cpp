@@ -1,5 +1,5 @@
 // Dense projections on int8 weights with AVX512-VNNI's integer dot product (semantics:
-// loraplex_kernels/linear_vnni.py); the third panel format beside linear_packed.cpp's k-major panels and
+// loraplex_kernels/projection/linear_vnni.py); the third panel format beside linear_packed.cpp's k-major panels and
 // linear_dot.cpp's bf16 pairs.
 //
 // The weight [N, K] int8 is packed once into panels of kPanelWidth output columns with k in quads:

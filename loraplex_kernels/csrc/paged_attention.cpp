@@ -1,5 +1,5 @@
 // Paged attention on CPU, reading K/V in place from the page pool: one call per layer serves the step's
-// decode rows and prefill chunks together (semantics: loraplex_kernels/paged_attention.py::paged_attention).
+// decode rows and prefill chunks together (semantics: loraplex_kernels/attention/paged_attention.py::paged_attention).
 //
 // Every query row is computed as a decode row of its position: one arithmetic, the row path
 // (attention_rows.h: eight keys a block, read in place from the pool, bf16 rows widened to fp32 as they are

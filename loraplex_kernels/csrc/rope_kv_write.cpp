@@ -1,5 +1,5 @@
 // RoPE on the fused qkv output, in place, and the K/V write into the page pool
-// (semantics: loraplex_kernels/rope_kv_write.py::rope_kv_write). One pass per token: its q and k heads are
+// (semantics: loraplex_kernels/layer_ops/rope_kv_write.py::rope_kv_write). One pass per token: its q and k heads are
 // rotated (Hugging Face's rotate-half layout) and its rotated k and its v rows copied to their slot, or
 // rounded to bf16 (to nearest even) when the pool's K/V are bf16.
 #include <ATen/Parallel.h>

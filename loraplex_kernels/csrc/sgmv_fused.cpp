@@ -1,5 +1,5 @@
 // SGMV shrink then expand, fused, reading adapter rows from the page pool in place
-// (semantics: loraplex_kernels/sgmv_fused.py::sgmv_fused; the plan: loraplex_kernels/sgmv_native_plan.py).
+// (semantics: loraplex_kernels/sgmv/sgmv_fused.py::sgmv_fused; the plan: loraplex_kernels/sgmv/sgmv_fused_native.py).
 //
 // Work comes as items (one adapter's rows for the module group: every token that reads them, wherever it
 // sits in the step), so an adapter's rows are read once per tile of its tokens, not once per token. An

@@ -1,4 +1,4 @@
-// SiLU(gate) * up from the fused gate_up projection (semantics: loraplex_kernels/silu_mul.py::silu_mul).
+// SiLU(gate) * up from the fused gate_up projection (semantics: loraplex_kernels/layer_ops/silu_mul.py::silu_mul).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

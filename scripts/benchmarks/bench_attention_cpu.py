@@ -39,11 +39,11 @@ import time
 
 import torch
 
-from engine.host_memory import zeros_on_huge_pages
-from loraplex_kernels.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
+from engine.memory.host_memory import zeros_on_huge_pages
+from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
+from loraplex_kernels.attention.paged_attention import paged_attention
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.native_cpu import native_ops, unavailable_reason
-from loraplex_kernels.paged_attention import paged_attention
 
 NUM_LAYERS = 30
 NUM_HEADS = 9

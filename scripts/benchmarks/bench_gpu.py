@@ -43,7 +43,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
-from engine.host_memory import freeze_startup_heap
+from engine.memory.host_memory import freeze_startup_heap
 from scripts.benchmarks.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("bench_gpu")
@@ -244,11 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
     folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
 
-    engine = Engine(EngineConfig(
-        model=str(folder), device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-        kernels=args.kernels, max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS),
-        num_speculative_tokens=0, num_threads=args.threads or (1 if args.quick else None),
-    ))
+    engine = Engine(
+        EngineConfig(
+            model=str(folder),
+            device="cuda" if cuda else "cpu",
+            dtype="bfloat16" if cuda else "float32",
+            kernels=args.kernels,
+            max_num_seqs=NUM_ROWS,
+            max_num_batched_tokens=max(2048, NUM_ROWS),
+            num_speculative_tokens=0,
+            num_threads=args.threads or (1 if args.quick else None),
+        )
+    )
     cfg = engine.model_config
     adapter_paths = [
         write_synthetic_adapter(home / f"{shape}-r{ADAPTER_RANK}-{index}", cfg, ADAPTER_RANK, index, TARGETS)

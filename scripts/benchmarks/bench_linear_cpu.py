@@ -33,9 +33,9 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
-from loraplex_kernels.linear_dot import amx_available, dot_available
-from loraplex_kernels.linear_vnni import vnni_available
+from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
+from loraplex_kernels.projection.linear_dot import amx_available, dot_available
+from loraplex_kernels.projection.linear_vnni import vnni_available
 from scripts.benchmarks.cpu_noise import CpuNoise
 
 logger = logging.getLogger("bench_linear_cpu")

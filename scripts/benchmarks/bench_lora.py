@@ -34,8 +34,8 @@ from safetensors.torch import save_file
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
+from engine.adapters.lora_config import module_key, projection_shapes
 from engine.config import ModelConfig
-from engine.lora_config import module_key, projection_shapes
 
 logger = logging.getLogger("bench_lora")
 

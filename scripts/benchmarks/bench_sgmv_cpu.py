@@ -35,19 +35,19 @@ import torch.nn.functional as F
 
 from app.model_store import resolve_model
 from app.settings import Settings
-from engine.adapter_cache import AdapterEntry
-from engine.adapter_layout import pack_pages, pages_for_rank, plan_layout
+from engine.adapters.adapter_cache import AdapterEntry
+from engine.adapters.adapter_layout import pack_pages, pages_for_rank, plan_layout
+from engine.adapters.lora_adapter import LoraAdapter, LoraWeights
+from engine.adapters.lora_batch import MODULE_GROUPS, LoraStep, build_lora_step
+from engine.adapters.lora_config import PROJECTIONS, projection_shapes
 from engine.config import ModelConfig
-from engine.lora_adapter import LoraAdapter, LoraWeights
-from engine.lora_batch import MODULE_GROUPS, LoraStep, build_lora_step
-from engine.lora_config import PROJECTIONS, projection_shapes
-from engine.page_pool import page_bytes
+from engine.memory.page_pool import page_bytes
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import LinearWeight, linear
-from loraplex_kernels.lora_metadata import ModuleRows, build_sgmv_metadata
-from loraplex_kernels.sgmv_expand import sgmv_expand
-from loraplex_kernels.sgmv_shrink import sgmv_shrink
-from loraplex_kernels.sgmv_torch_plan import plan_sgmv_torch
+from loraplex_kernels.projection.linear import LinearWeight, linear
+from loraplex_kernels.sgmv.lora_metadata import ModuleRows, build_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_expand import sgmv_expand
+from loraplex_kernels.sgmv.sgmv_shrink import sgmv_shrink
+from loraplex_kernels.sgmv.sgmv_torch_plan import plan_sgmv_torch
 
 NUM_LAYERS = 30
 PAGE_SIZE = 16 * 2 * 3 * 64  # block_size 16 x K/V x 3 kv heads x head_dim 64

@@ -47,8 +47,8 @@ from pathlib import Path
 from app.model_store import resolve_model
 from app.settings import ENGINE_KINDS, Settings
 from engine import Engine, EngineConfig, SamplingParams
+from engine.adapters.lora_config import PROJECTIONS
 from engine.config import ModelConfig
-from engine.lora_config import PROJECTIONS
 from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
 from scripts.benchmarks.bench_http_level import on_loraplex, on_vllm, run_case
 from scripts.benchmarks.bench_lora import write_synthetic_adapter
@@ -155,9 +155,7 @@ def http_servers(
     servers: dict[str, Callable[[], dict[str, float]]] = {}
     if vllm is not None:
         vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
-        servers["vllm_server"] = lambda: on_vllm(
-            vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype
-        )
+        servers["vllm_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype)
         servers["vllm_lora_server"] = lambda: on_vllm(
             vllm.python, vllm_env, folder, scratch, named, cases(counts), args.dtype
         )

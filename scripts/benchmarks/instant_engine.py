@@ -19,7 +19,7 @@ from typing import Any
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
 from engine import EngineStats, GrammarConstraint, GrammarError, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
-from engine.logprobs import TokenLogprob
+from engine.sampling.logprobs import TokenLogprob
 
 DEFAULT_NUM_TOKENS = 16  # tokens per reply, as in the benchmark (max_tokens 16)
 MODEL_NAME = "instant"

@@ -25,8 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
+from engine.adapters.lora_config import PROJECTIONS
 from engine.config import ModelConfig
-from engine.lora_config import PROJECTIONS
 from scripts.benchmarks.bench_lora import write_synthetic_adapter
 from scripts.benchmarks.bench_vllm_cpu import RANK, make_workload
 

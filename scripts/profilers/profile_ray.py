@@ -53,8 +53,8 @@ from app.engine_clients.process import ProcessEngineClient  # noqa: E402
 from app.model_store import resolve_model  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from engine import EngineConfig, SamplingParams  # noqa: E402
-from engine.worker import EngineWorker  # noqa: E402
-from engine.worker_protocol import StepOutputs, Submit  # noqa: E402
+from engine.drivers.worker import EngineWorker  # noqa: E402
+from engine.drivers.worker_protocol import StepOutputs, Submit  # noqa: E402
 
 logger = logging.getLogger("profile_ray")
 

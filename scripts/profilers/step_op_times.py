@@ -2,7 +2,7 @@
 
 Runs the workload of ``bench_vllm_cpu.py`` (64 requests, prompts of 64 to 128 random tokens, 64 output
 tokens, greedy, ``ignore_eos``) on the base model after a warm-up, with a clock around every call the model
-makes to its ops (``engine.model``'s ``add_rms_norm``, ``linear``, ``linear_silu_mul``, ``rope_kv_write``,
+makes to its ops (``engine.modeling.model``'s ``add_rms_norm``, ``linear``, ``linear_silu_mul``, ``rope_kv_write``,
 ``paged_attention``, ``silu_mul``; ``linear`` split by its output width, so the LM head and each projection
 are apart) and around the step's batch building and sampling. Steps that compute prompt tokens ("prefill")
 are counted apart from steps of decode rows only ("decode"); each kind reports its steps, their wall time,
@@ -20,8 +20,8 @@ import sys
 import time
 from collections import defaultdict
 
-import engine.model as model_module
-import engine.step_runner as step_runner_module
+import engine.modeling.model as model_module
+import engine.step.step_runner as step_runner_module
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams

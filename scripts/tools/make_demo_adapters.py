@@ -43,8 +43,8 @@ from app.openai.chat.request_schemas import ChatCompletionRequest
 from app.openai.chat.tool_prompts import template_messages, template_tools
 from app.settings import Settings
 from app.tool_calls.templates import ChatTemplate
+from engine.adapters.lora_adapter import load_lora_adapter
 from engine.config import ModelConfig
-from engine.lora_adapter import load_lora_adapter
 
 logger = logging.getLogger("make_demo_adapters")
 

@@ -9,8 +9,8 @@ import pytest
 
 from app.adapters.store import copy_into_store, store_root
 from app.cluster.adapter_fetch import AdapterFetcher
+from engine.adapters.lora_adapter import adapter_digest
 from engine.errors import AdapterMismatchError, AdapterNotFoundError
-from engine.lora_adapter import adapter_digest
 
 
 def _adapter(folder: Path, weights: bytes = b"weights") -> tuple[Path, str]:

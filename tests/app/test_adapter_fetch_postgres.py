@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 
 from app.cluster.adapter_fetch import AdapterFetcher
+from engine.adapters.lora_adapter import adapter_digest
 from engine.errors import AdapterMismatchError, AdapterNotFoundError
-from engine.lora_adapter import adapter_digest
 
 CONFIG, WEIGHTS = b'{"r": 4}', b"\x00weights\xff" * 100
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from app.cli.main import cli
-from engine.bf16_gemm import dot_runs
+from engine.modeling.bf16_gemm import dot_runs
 from loraplex_kernels import format_checks, op_checks
-from loraplex_kernels import linear as linear_module
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.native_cpu import native_ops, unavailable_reason
+from loraplex_kernels.projection import linear as linear_module
 from tests.engine.tiny_models import make_tiny_model
 from tests.native_required import native_should_build, require_native_ops
 

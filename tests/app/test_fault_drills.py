@@ -23,7 +23,7 @@ from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade
 from app.engine_clients.thread import LocalEngineClient
 from engine import Engine
-from engine.outputs import EngineStats
+from engine.output.outputs import EngineStats
 from tests.app.gateway_fixtures import (
     chat_body,
     gateway_client,

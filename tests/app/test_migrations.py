@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
 from app.db.migrate import alembic_config, upgrade
-from engine.lora_adapter import adapter_digest
+from engine.adapters.lora_adapter import adapter_digest
 from tests.app.postgres import truncate_all
 
 MIGRATION_TIMEOUT_S = 120

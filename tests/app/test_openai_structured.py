@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from engine.grammar import MAX_JSON_WHITESPACE
+from engine.sampling.grammar import MAX_JSON_WHITESPACE
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, on_both_engines, sse_events, usage_rows
 
 pytestmark = [pytest.mark.anyio, pytest.mark.default_model]

@@ -11,9 +11,17 @@ import pytest
 from app.cluster import output_inbox
 from app.cluster.output_inbox import OutputInbox
 from app.cluster.output_wire import Hello, RunEnded
+from engine.drivers.worker_protocol import (
+    FRAME_HEADER_BYTES,
+    Abort,
+    StepOutputs,
+    decode_command,
+    frame,
+    frame_size,
+    to_wire,
+)
 from engine.errors import EngineDeadError, UnknownAdapterError
-from engine.output_delta import OutputDelta
-from engine.worker_protocol import FRAME_HEADER_BYTES, Abort, StepOutputs, decode_command, frame, frame_size, to_wire
+from engine.output.output_delta import OutputDelta
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ from app.engine_clients.thread import LocalEngineClient
 from app.settings import Settings
 from engine import EngineConfig, GrammarConstraint, RequestOutput, SamplingParams
 from engine.errors import ConfigError, EngineDeadError, RequestError, UnknownAdapterError
-from engine.grammar import GrammarError
+from engine.sampling.grammar import GrammarError
 from tests.app.gateway_fixtures import make_tenant, start_process_engine, usage_rows
 from tests.app.live_server import live_server
 from tests.app.thread_ticks import cpu_ticks

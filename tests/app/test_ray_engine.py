@@ -25,8 +25,8 @@ from app.cluster.ray_client import RayEngineClient
 from app.engine_clients.interface import EngineClient
 from app.model_store import resolve_model
 from engine import EngineStats, SamplingParams
+from engine.drivers.worker_protocol import Submit
 from engine.errors import UnknownAdapterError
-from engine.worker_protocol import Submit
 from tests.app.gateway_fixtures import chat_body, gateway_client, make_tenant, sse_events, usage_rows
 from tests.app.ray_fixtures import (
     NUM_REPLICAS,

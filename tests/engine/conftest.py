@@ -8,8 +8,8 @@ import pytest
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, RequestOutput
-from engine.page_pool import OwnerKind
-from engine.scheduler import SchedulerOutput
+from engine.memory.page_pool import OwnerKind
+from engine.scheduling.scheduler import SchedulerOutput
 from tests.engine.tiny_models import make_tiny_model
 
 

@@ -1,4 +1,4 @@
-"""Which thread built each engine and which threads stepped it: they must be one (engine/engine_build.py)."""
+"""Which thread built each engine and which threads stepped it: they must be one (engine/drivers/engine_build.py)."""
 
 import threading
 from collections import defaultdict

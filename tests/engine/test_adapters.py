@@ -6,7 +6,7 @@ import pytest
 
 from engine import RequestError, SamplingParams
 from engine.errors import AdapterBusyError, PoolExhaustedError, UnknownAdapterError
-from engine.page_pool import OwnerKind
+from engine.memory.page_pool import OwnerKind
 from tests.engine.conftest import make_engine, run_checked
 from tests.engine.lora_helpers import make_peft_adapter
 

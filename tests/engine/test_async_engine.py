@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from engine import EngineConfig, GrammarConstraint, RequestError, SamplingParams
-from engine.async_engine import AsyncEngine
+from engine.drivers.async_engine import AsyncEngine
 from engine.errors import ConfigError, EngineDeadError
-from engine.page_pool import OwnerKind
+from engine.memory.page_pool import OwnerKind
 from tests.engine.conftest import make_engine
 from tests.engine.engine_threads import default_model_config, record_engine_threads
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, SamplingParams
-from loraplex_kernels.linear_dot import amx_available, dot_available
-from loraplex_kernels.linear_vnni import vnni_available
+from loraplex_kernels.projection.linear_dot import amx_available, dot_available
+from loraplex_kernels.projection.linear_vnni import vnni_available
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 from tests.engine.test_speculative import NoisyOracle, generate

@@ -11,14 +11,14 @@ import torch
 from app.model_store import resolve_model
 from app.settings import Settings, SettingsError
 from engine import EngineConfig, SamplingParams
-from engine import bf16_gemm as bf16_gemm_module
-from engine.bf16_gemm import MIN_ROUNDS, choose_gemm, resolve_bf16_gemm, time_gemms
 from engine.errors import ConfigError
+from engine.modeling import bf16_gemm as bf16_gemm_module
+from engine.modeling.bf16_gemm import MIN_ROUNDS, choose_gemm, resolve_bf16_gemm, time_gemms
 from loraplex_kernels import native_cpu
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, WeightLayout
-from loraplex_kernels.linear_dot import amx_available, dot_available
-from loraplex_kernels.linear_vnni import vnni_available
+from loraplex_kernels.projection.linear import DOT, WIDEN, WeightLayout
+from loraplex_kernels.projection.linear_dot import amx_available, dot_available
+from loraplex_kernels.projection.linear_vnni import vnni_available
 from tests.engine.conftest import make_engine
 
 CPU = torch.device("cpu")

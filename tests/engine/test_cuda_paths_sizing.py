@@ -4,11 +4,11 @@ given, or torch.cuda.mem_get_info faked), bf16 and the Triton kernels by default
 import pytest
 import torch
 
-from engine import page_pool
 from engine.config import DEFAULT_CPU_POOL_BYTES, DEFAULT_GPU_MEMORY_FRACTION, EngineConfig, ModelConfig
 from engine.errors import ConfigError
-from engine.page_pool import make_pool, page_bytes, size_pool
-from engine.precision import cpu_computes_bf16
+from engine.memory import page_pool
+from engine.memory.page_pool import make_pool, page_bytes, size_pool
+from engine.modeling.precision import cpu_computes_bf16
 from loraplex_kernels.backend import KernelBackend
 
 # SmolLM2-135M's shapes: 30 layers, 3 kv heads of 64, rows up to 1536 wide, a context of 8192 tokens.

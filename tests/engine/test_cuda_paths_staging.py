@@ -1,4 +1,4 @@
-"""A step's metadata built on the host and moved to the device in one copy (engine/host_to_device.py), with the
+"""A step's metadata built on the host and moved to the device in one copy (engine/memory/host_to_device.py), with the
 device factored out: a fake buffer allocator and a fake copy stand for pinned memory and the H2D transfer.
 
 The step and sampling builders are run for ``device=cuda`` on this CPU-only torch, where creating any tensor
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import sampling_batch, step_batch
-from engine.host_to_device import ALIGN_BYTES, move_to_device, pack_and_move
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.memory.host_to_device import ALIGN_BYTES, move_to_device, pack_and_move
+from engine.sampling import sampling_batch
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.sequence import Sequence
+from engine.step import step_batch
 from loraplex_kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import adapter_upload
-from engine.adapter_cache import AdapterCache
-from engine.adapter_layout import write_adapter
-from engine.adapter_upload import StreamUpload, SyncUpload, copy_into_pages, make_upload
+from engine.adapters import adapter_upload
+from engine.adapters.adapter_cache import AdapterCache
+from engine.adapters.adapter_layout import write_adapter
+from engine.adapters.adapter_upload import StreamUpload, SyncUpload, copy_into_pages, make_upload
+from engine.adapters.lora_adapter import load_lora_adapter
 from engine.config import ModelConfig
 from engine.errors import AdapterMismatchError
-from engine.lora_adapter import load_lora_adapter
-from engine.page_pool import PagePool
+from engine.memory.page_pool import PagePool
 from tests.engine.lora_helpers import make_peft_adapter
 
 NUM_POOL_PAGES = 64

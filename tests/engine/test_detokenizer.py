@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from engine.detokenizer import (
+from engine.output.detokenizer import (
     MAX_PENDING_TOKENS,
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine import ConfigError, Engine, RequestOutput, SamplingParams
-from engine.async_engine import AsyncEngine
-from engine.page_pool import OwnerKind
-from engine.scheduler import SchedulerOutput
+from engine.drivers.async_engine import AsyncEngine
+from engine.memory.page_pool import OwnerKind
+from engine.scheduling.scheduler import SchedulerOutput
 from tests.engine.conftest import check_invariants, make_engine
 
 A, B = "a", "b"

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, RequestFailedError, SamplingParams
-from engine.async_engine import AsyncEngine
-from engine.page_pool import OwnerKind
-from engine.sequence import Sequence
+from engine.drivers.async_engine import AsyncEngine
+from engine.memory.page_pool import OwnerKind
+from engine.scheduling.sequence import Sequence
 from tests.engine.conftest import make_engine
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Paged attention keeps"]

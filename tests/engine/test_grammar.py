@@ -11,8 +11,8 @@ import xgrammar
 from transformers import AutoTokenizer
 
 from engine import Engine, GrammarConstraint, GrammarError, RequestError, RequestOutput, SamplingParams
-from engine.grammar import GrammarCompiler, GrammarState
-from engine.grammar_mask import GrammarMask, allowed_tokens, apply_grammar_mask, num_bitmask_words
+from engine.sampling.grammar import GrammarCompiler, GrammarState
+from engine.sampling.grammar_mask import GrammarMask, allowed_tokens, apply_grammar_mask, num_bitmask_words
 from tests.engine.conftest import check_invariants, make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 from tests.engine.test_n_choices import TINY_PAGE_BYTES
@@ -186,7 +186,7 @@ def test_an_enum_schema_yields_one_of_its_values_on_the_default_model(tmp_path: 
 
 def test_json_may_hold_whitespace_as_models_write_it_in_bounded_runs(tiny_llama: Path) -> None:
     """A model that writes ``{\\n  "name"`` must be able to; a run longer than MAX_JSON_WHITESPACE cannot loop."""
-    from engine.grammar import MAX_JSON_WHITESPACE
+    from engine.sampling.grammar import MAX_JSON_WHITESPACE
 
     compiler = _compiler(tiny_llama)
     indented = '{\n  "size": "large",\n  "name": "x"\n}'

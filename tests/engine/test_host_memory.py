@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.host_memory import (
+from engine.memory.host_memory import (
     HUGE_PAGE_BYTES,
     THP_MODES_THAT_ADVISE,
     transparent_huge_pages_mode,
     zeros_on_huge_pages,
 )
-from engine.page_pool import PagePool
+from engine.memory.page_pool import PagePool
 
 
 def vm_flags(address: int) -> list[str]:
@@ -52,7 +52,7 @@ def test_a_buffer_smaller_than_a_huge_page_is_not_advised() -> None:
 
 FREEZE_CHILD = """
 import gc, json
-from engine.host_memory import freeze_startup_heap
+from engine.memory.host_memory import freeze_startup_heap
 startup = [[i] for i in range(50_000)]  # objects of the start, alive as long as the process
 frozen = freeze_startup_heap()
 walked = len(gc.get_objects())  # what a full collection walks now

@@ -13,6 +13,8 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engine.adapters.lora_adapter import LoraAdapter, adapter_digest, load_lora_adapter
+from engine.adapters.lora_config import PROJECTIONS
 from engine.config import ModelConfig
 from engine.errors import (
     AdapterError,
@@ -21,8 +23,6 @@ from engine.errors import (
     AdapterNotFoundError,
     UnsupportedAdapterError,
 )
-from engine.lora_adapter import LoraAdapter, adapter_digest, load_lora_adapter
-from engine.lora_config import PROJECTIONS
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 PEFT_MODULE = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.\w+\.(\w+)")

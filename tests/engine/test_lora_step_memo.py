@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.lora_batch import LoraStep, LoraStepMemo, build_lora_step
+from engine.adapters.lora_batch import LoraStep, LoraStepMemo, build_lora_step
 from loraplex_kernels.backend import KernelBackend
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter

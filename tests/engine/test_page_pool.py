@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.errors import PoolExhaustedError
-from engine.page_pool import OwnerKind, PagePool
+from engine.memory.page_pool import OwnerKind, PagePool
 
 
 def _pool(num_pages: int = 6) -> PagePool:

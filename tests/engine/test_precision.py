@@ -8,12 +8,12 @@ import torch
 
 from app.settings import Settings, SettingsError
 from engine import EngineConfig, SamplingParams
-from engine import precision as precision_module
 from engine.errors import ConfigError
-from engine.precision import requested_dtype
+from engine.modeling import precision as precision_module
+from engine.modeling.precision import requested_dtype
 from loraplex_kernels import native_cpu
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import WeightLayout
+from loraplex_kernels.projection.linear import WeightLayout
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 

@@ -3,7 +3,7 @@
 import pytest
 
 from engine import RequestError, SamplingParams
-from engine.request_limits import RequestLimits
+from engine.scheduling.request_limits import RequestLimits
 
 LIMITS = RequestLimits(vocab_size=100, max_num_seqs=4, max_model_len=64, num_pages=5, block_size=16)
 

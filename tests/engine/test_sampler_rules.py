@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from engine.sampler import apply_logit_rules, sample
-from engine.sampling_batch import build_sampling_batch
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sampling.sampler import apply_logit_rules, sample
+from engine.sampling.sampling_batch import build_sampling_batch
+from engine.sampling.sampling_params import SamplingParams
+from engine.scheduling.sequence import Sequence
 
 VOCAB = 97  # odd, so no row of ones lines up with anything
 EOS = 3

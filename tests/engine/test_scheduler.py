@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from engine import SamplingParams
-from engine.page_pool import OwnerKind
+from engine.memory.page_pool import OwnerKind
 from tests.engine.conftest import check_invariants, make_engine
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, SamplingParams
-from engine.grammar import GrammarConstraint
-from engine.ngram_proposer import propose_ngram
-from engine.page_pool import OwnerKind
+from engine.memory.page_pool import OwnerKind
+from engine.sampling.grammar import GrammarConstraint
+from engine.speculative.ngram_proposer import propose_ngram
 from tests.engine.conftest import check_invariants, make_engine
 
 K = 4

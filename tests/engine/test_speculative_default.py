@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, SamplingParams
-from engine.grammar import GrammarConstraint
-from loraplex_kernels.linear_dot import amx_available, dot_available
+from engine.sampling.grammar import GrammarConstraint
+from loraplex_kernels.projection.linear_dot import amx_available, dot_available
 from tests.engine.conftest import make_engine
 from tests.engine.lora_helpers import make_peft_adapter
 from tests.engine.test_speculative import generate
@@ -57,8 +57,11 @@ def test_mixed_adapters_chunked_prefill_cache_hits_and_a_grammar(folder, prompts
         "mlp": make_peft_adapter(folder, tmp_path / "mlp", seed=6, r=8, target_modules=["down_proj"]),
     }
     schema = GrammarConstraint.json_schema(
-        {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
-         "required": ["name", "city"]}
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+            "required": ["name", "city"],
+        }
     )
     greedy = SamplingParams(max_tokens=32, temperature=0.0)
     params = [greedy, greedy, greedy, SamplingParams(max_tokens=32, temperature=0.0, constraint=schema)]

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine import RequestOutput, SamplingParams
-from engine.async_engine import AsyncEngine
+from engine.drivers.async_engine import AsyncEngine
+from engine.drivers.worker import EngineWorker
+from engine.drivers.worker_protocol import StepOutputs, Submit, from_wire
 from engine.errors import EngineDeadError
-from engine.worker import EngineWorker
-from engine.worker_protocol import StepOutputs, Submit, from_wire
 from tests.engine.conftest import make_engine
 
 WAIT_S = 10.0

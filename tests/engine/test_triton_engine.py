@@ -22,13 +22,13 @@ import torch
 from triton.runtime import JITFunction
 from triton.runtime.interpreter import InterpretedFunction
 
-import loraplex_kernels.paged_attention
-import loraplex_kernels.sgmv_fused
+import loraplex_kernels.attention.paged_attention
+import loraplex_kernels.sgmv.sgmv_fused
 from engine import Engine, EngineConfig, SamplingParams
-from engine.adapter_layout import plan_layout
+from engine.adapters.adapter_layout import plan_layout
+from engine.adapters.lora_adapter import load_lora_adapter
 from engine.config import ModelConfig
 from engine.errors import ConfigError
-from engine.lora_adapter import load_lora_adapter
 from loraplex_kernels.backend import KernelBackend, compiled_triton_functions, triton_unavailable_reason
 from tests.engine.conftest import make_engine, run_checked
 from tests.engine.lora_helpers import make_peft_adapter
@@ -41,11 +41,11 @@ NUM_KV_PAGES = 6  # pages left for KV next to both adapters: fewer than the runn
 ADAPTERS = {"r4": dict(r=4, target_modules="all-linear"), "r8": dict(r=8, target_modules="all-linear")}
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 LAUNCHERS = {
-    "attention": (loraplex_kernels.paged_attention, "paged_attention_triton"),
-    "sgmv_shrink": (loraplex_kernels.sgmv_fused, "sgmv_shrink_triton"),
-    "sgmv_expand": (loraplex_kernels.sgmv_fused, "sgmv_expand_triton"),
+    "attention": (loraplex_kernels.attention.paged_attention, "paged_attention_triton"),
+    "sgmv_shrink": (loraplex_kernels.sgmv.sgmv_fused, "sgmv_shrink_triton"),
+    "sgmv_expand": (loraplex_kernels.sgmv.sgmv_fused, "sgmv_expand_triton"),
     # The launcher plans prefill tiles itself only when the step did not: in the engine, never.
-    "tiles_planned_per_layer": (loraplex_kernels.paged_attention, "plan_prefill_tiles"),
+    "tiles_planned_per_layer": (loraplex_kernels.attention.paged_attention, "plan_prefill_tiles"),
 }
 
 
@@ -177,12 +177,14 @@ def test_a_kernel_defined_for_the_compiler_is_named(monkeypatch: pytest.MonkeyPa
     """The check reads the kernel objects: one compiled kernel among interpreted ones is found and named."""
     name, interpreted = next(
         (name, value)
-        for name, value in vars(loraplex_kernels.paged_attention).items()
+        for name, value in vars(loraplex_kernels.attention.paged_attention).items()
         if isinstance(value, InterpretedFunction)
     )
-    monkeypatch.setattr(loraplex_kernels.paged_attention, name, JITFunction(interpreted.fn))
-    assert compiled_triton_functions() == [f"loraplex_kernels.paged_attention.{name}"]
-    with pytest.raises(ConfigError, match=rf"kernels='triton' cannot be used: .*kernels\.paged_attention\.{name} was"):
+    monkeypatch.setattr(loraplex_kernels.attention.paged_attention, name, JITFunction(interpreted.fn))
+    assert compiled_triton_functions() == [f"loraplex_kernels.attention.paged_attention.{name}"]
+    with pytest.raises(
+        ConfigError, match=rf"kernels='triton' cannot be used: .*kernels\.attention\.paged_attention\.{name} was"
+    ):
         EngineConfig(model="unused", kernels="triton").kernel_backend(torch.device("cpu"), torch.float32, 16)
 
 
@@ -213,5 +215,5 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error_that_says_what_
     )
     message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     assert message.startswith("ConfigError: kernels='triton' cannot be used"), done.stderr
-    assert "loraplex_kernels.paged_attention." in message and "defined for the compiler" in message
+    assert "loraplex_kernels.attention.paged_attention." in message and "defined for the compiler" in message
     assert "set TRITON_INTERPRET=1" in message and "kernels='torch'" in message

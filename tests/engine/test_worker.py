@@ -7,20 +7,8 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, EngineConfig, GrammarConstraint, RequestOutput, SamplingParams
-from engine.errors import (
-    AdapterBusyError,
-    AdapterError,
-    ConfigError,
-    EngineDeadError,
-    EngineError,
-    RequestError,
-    UnknownAdapterError,
-)
-from engine.grammar import GrammarError
-from engine.output_delta import OutputAssembler
-from engine.page_pool import OwnerKind
-from engine.worker import EngineWorker
-from engine.worker_protocol import (
+from engine.drivers.worker import EngineWorker
+from engine.drivers.worker_protocol import (
     AbortRequests,
     AddAdapter,
     CheckConstraint,
@@ -37,6 +25,18 @@ from engine.worker_protocol import (
     from_wire,
     to_wire,
 )
+from engine.errors import (
+    AdapterBusyError,
+    AdapterError,
+    ConfigError,
+    EngineDeadError,
+    EngineError,
+    RequestError,
+    UnknownAdapterError,
+)
+from engine.memory.page_pool import OwnerKind
+from engine.output.output_delta import OutputAssembler
+from engine.sampling.grammar import GrammarError
 from tests.engine.conftest import make_engine
 from tests.engine.engine_threads import default_model_config, record_engine_threads
 from tests.engine.lora_helpers import make_peft_adapter

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.argmax_rows import argmax_rows
 from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.layer_ops.argmax_rows import argmax_rows
 
 
 def check(logits: torch.Tensor, seed: int) -> None:

@@ -12,10 +12,10 @@ Run under LORAPLEX_NATIVE_MARCH=haswell too, to test the AVX2 widening.
 import pytest
 import torch
 
+from loraplex_kernels.attention.paged_attention import paged_attention
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.kv_write import kv_row_index
-from loraplex_kernels.paged_attention import paged_attention
-from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
+from loraplex_kernels.layer_ops.kv_write import kv_row_index
+from loraplex_kernels.layer_ops.rope_kv_write import rope_kv_write, rope_kv_write_torch
 from tests.kernels.test_paged_attention import BATCHES, Batch, make_batch, reference
 from tests.kernels.test_paged_attention_native import LONG, TOL
 from tests.kernels.threads import torch_threads

@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.add_rms_norm import add_rms_norm, add_rms_norm_torch
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.kv_write import kv_row_index
-from loraplex_kernels.rope_kv_write import rope_kv_write, rope_kv_write_torch
-from loraplex_kernels.silu_mul import silu_mul, silu_mul_torch
+from loraplex_kernels.layer_ops.add_rms_norm import add_rms_norm, add_rms_norm_torch
+from loraplex_kernels.layer_ops.kv_write import kv_row_index
+from loraplex_kernels.layer_ops.rope_kv_write import rope_kv_write, rope_kv_write_torch
+from loraplex_kernels.layer_ops.silu_mul import silu_mul, silu_mul_torch
 
 TOL = 1e-5
 EPS = 1e-5
@@ -101,7 +101,7 @@ LAYER = 1  # not 0, so a wrong layer offset writes another layer
 
 
 def rope_tables(num_tokens: int, head_dim: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos = [cos, cos] and signed sin = [-sin, sin] of random angles, as engine/rope.py lays them out."""
+    """cos = [cos, cos] and signed sin = [-sin, sin] of random angles, as engine/modeling/rope.py lays them out."""
     angles = torch.rand(num_tokens, head_dim // 2, generator=gen) * 100  # [tokens, D / 2]
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # [tokens, D] each

@@ -8,12 +8,18 @@ import os
 import pytest
 import torch
 
-from engine.bf16_gemm import resolve_bf16_gemm
 from engine.errors import ConfigError
+from engine.modeling.bf16_gemm import resolve_bf16_gemm
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
-from loraplex_kernels.linear_dot import amx_available, dot_available, linear_amx, linear_dot, pack_linear_pairs
 from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
+from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
+from loraplex_kernels.projection.linear_dot import (
+    amx_available,
+    dot_available,
+    linear_amx,
+    linear_dot,
+    pack_linear_pairs,
+)
 from tests.kernels.scaled_error import assert_scaled_close
 
 CPU = torch.device("cpu")

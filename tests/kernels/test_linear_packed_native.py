@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import LinearWeight, WeightLayout, linear, quantize_int8
-from loraplex_kernels.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from loraplex_kernels.native_cpu import AVX2_MARCH, MARCH_ENV, cpu_flags
+from loraplex_kernels.projection.linear import LinearWeight, WeightLayout, linear, quantize_int8
+from loraplex_kernels.projection.linear_packed import linear_packed, native_linear_preferred, pack_linear_weight
 from tests.kernels.scaled_error import assert_scaled_close
 from tests.kernels.threads import torch_threads
 

@@ -1,7 +1,7 @@
 """The gated MLP's gate/up projection fused with SiLU x up: on every native GEMM that runs here (k-major
 panels of fp32, bf16 and int8 weights; bf16 pair panels on vdpbf16ps and on AMX tiles) the same bits as the
-projection followed by silu_mul; loraplex_kernels/linear.py's linear_silu_mul takes the fused pass where the layout
-has one and the two ops elsewhere; bad inputs refused. The AVX2 build runs this file too (panels of 24
+projection followed by silu_mul; loraplex_kernels/projection/linear.py's linear_silu_mul takes the fused pass where the
+layout has one and the two ops elsewhere; bad inputs refused. The AVX2 build runs this file too (panels of 24
 columns there, no dot products)."""
 
 from collections.abc import Callable
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, linear, linear_silu_mul, quantize_int8
-from loraplex_kernels.linear_dot import (
+from loraplex_kernels.layer_ops.silu_mul import silu_mul
+from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, linear, linear_silu_mul, quantize_int8
+from loraplex_kernels.projection.linear_dot import (
     amx_available,
     dot_available,
     linear_amx,
@@ -20,9 +21,8 @@ from loraplex_kernels.linear_dot import (
     linear_dot_silu_mul,
     pack_linear_pairs,
 )
-from loraplex_kernels.linear_packed import linear_packed, linear_packed_silu_mul, pack_linear_weight
-from loraplex_kernels.linear_vnni import vnni_available
-from loraplex_kernels.silu_mul import silu_mul
+from loraplex_kernels.projection.linear_packed import linear_packed, linear_packed_silu_mul, pack_linear_weight
+from loraplex_kernels.projection.linear_vnni import vnni_available
 
 NATIVE = KernelBackend.NATIVE
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> [rows, 2 * intermediate] or [rows, intermediate]

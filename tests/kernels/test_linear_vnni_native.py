@@ -9,12 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.bf16_gemm import resolve_bf16_gemm
 from engine.errors import ConfigError
+from engine.modeling.bf16_gemm import resolve_bf16_gemm
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
-from loraplex_kernels.linear_vnni import BLOCK, linear_vnni, pack_linear_quads, quantize_blocks, vnni_available
 from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
+from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear, quantize_int8
+from loraplex_kernels.projection.linear_vnni import (
+    BLOCK,
+    linear_vnni,
+    pack_linear_quads,
+    quantize_blocks,
+    vnni_available,
+)
 from tests.kernels.scaled_error import assert_scaled_close
 
 CPU = torch.device("cpu")

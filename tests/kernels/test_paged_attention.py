@@ -8,9 +8,13 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.attention_metadata import MAX_DECODE_BUCKETS, PagedAttentionMetadata, plan_decode_buckets
-from loraplex_kernels.paged_attention import paged_attention, paged_attention_triton
-from loraplex_kernels.paged_attention_torch import paged_attention_torch
+from loraplex_kernels.attention.attention_metadata import (
+    MAX_DECODE_BUCKETS,
+    PagedAttentionMetadata,
+    plan_decode_buckets,
+)
+from loraplex_kernels.attention.paged_attention import paged_attention, paged_attention_triton
+from loraplex_kernels.attention.paged_attention_torch import paged_attention_torch
 
 BLOCK_SIZE = 16
 NUM_LAYERS = 3

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
+from loraplex_kernels.attention.paged_attention import paged_attention
+from loraplex_kernels.attention.paged_attention_torch import paged_attention_torch
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.paged_attention import paged_attention
-from loraplex_kernels.paged_attention_torch import paged_attention_torch
 from tests.kernels.test_paged_attention import (
     BATCHES,
     HEAD_DIMS,

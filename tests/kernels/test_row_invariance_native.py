@@ -15,13 +15,13 @@ import dataclasses
 import pytest
 import torch
 
-from loraplex_kernels.attention_metadata import PagedAttentionMetadata
+from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
+from loraplex_kernels.attention.paged_attention import paged_attention
+from loraplex_kernels.attention.paged_prefill_attention import MIN_TILED_ROWS
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.linear import DOT, WIDEN, LinearWeight, linear, linear_silu_mul
-from loraplex_kernels.linear_dot import amx_available, dot_available
-from loraplex_kernels.linear_vnni import vnni_available
-from loraplex_kernels.paged_attention import paged_attention
-from loraplex_kernels.paged_prefill_attention import MIN_TILED_ROWS
+from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, linear, linear_silu_mul
+from loraplex_kernels.projection.linear_dot import amx_available, dot_available
+from loraplex_kernels.projection.linear_vnni import vnni_available
 from tests.kernels.test_paged_attention import Batch, make_batch
 
 # (query rows, context): a verification chunk (k + 1 = 6 rows), chunks of few and many vectors per kv

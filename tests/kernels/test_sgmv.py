@@ -8,17 +8,17 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.lora_metadata import (
+from loraplex_kernels.sgmv.lora_metadata import (
     ModuleRows,
     SegmentSpec,
     SgmvMetadata,
     build_sgmv_metadata,
     with_segment_tokens,
 )
-from loraplex_kernels.sgmv_expand import expand_grid, sgmv_expand, sgmv_expand_triton
-from loraplex_kernels.sgmv_shrink import MAX_GRID_X, sgmv_shrink, sgmv_shrink_triton, shrink_grid
-from loraplex_kernels.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
-from loraplex_kernels.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
+from loraplex_kernels.sgmv.sgmv_expand import expand_grid, sgmv_expand, sgmv_expand_triton
+from loraplex_kernels.sgmv.sgmv_shrink import MAX_GRID_X, sgmv_shrink, sgmv_shrink_triton, shrink_grid
+from loraplex_kernels.sgmv.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
+from loraplex_kernels.sgmv.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
 
 NUM_LAYERS = 3
 LAYER = 2  # not 0, so a missing or wrong layer offset reads another layer's rows

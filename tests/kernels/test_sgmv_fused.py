@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from loraplex_kernels.lora_metadata import build_sgmv_metadata
-from loraplex_kernels.sgmv_fused import sgmv_fused
-from loraplex_kernels.sgmv_fused_torch import MAX_DENSE_ITEMS, plan_sgmv_fused_torch, sgmv_fused_torch
-from loraplex_kernels.sgmv_torch_plan import MAX_SHORT_LEN
+from loraplex_kernels.sgmv.lora_metadata import build_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_fused import sgmv_fused
+from loraplex_kernels.sgmv.sgmv_fused_torch import MAX_DENSE_ITEMS, plan_sgmv_fused_torch, sgmv_fused_torch
+from loraplex_kernels.sgmv.sgmv_torch_plan import MAX_SHORT_LEN
 from tests.kernels.test_sgmv import (
     GROUPS,
     LAYER,

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from loraplex_kernels.backend import KernelBackend
-from loraplex_kernels.lora_metadata import build_sgmv_metadata
-from loraplex_kernels.sgmv_fused import sgmv_fused
-from loraplex_kernels.sgmv_fused_native import plan_sgmv_native, sgmv_fused_native
-from loraplex_kernels.sgmv_fused_torch import plan_sgmv_fused_torch
+from loraplex_kernels.sgmv.lora_metadata import build_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_fused import sgmv_fused
+from loraplex_kernels.sgmv.sgmv_fused_native import plan_sgmv_native, sgmv_fused_native
+from loraplex_kernels.sgmv.sgmv_fused_torch import plan_sgmv_fused_torch
 from tests.kernels.test_sgmv import (
     GROUPS,
     LAYER,

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from app.demo.adapters import TRAINING_SCRIPT
+from engine.adapters.lora_adapter import load_lora_adapter
 from engine.config import ModelConfig
-from engine.lora_adapter import load_lora_adapter
 from tests.engine.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from app.openai.chat.reply_schemas import (
     TopLogprob,
 )
 from engine import RequestOutput
-from engine.logprobs import TokenLogprob
+from engine.sampling.logprobs import TokenLogprob
 
 
 def token_text(data: bytes) -> str:

@@ -26,7 +26,7 @@ from app.openai.chat.reply_schemas import (
 from app.openai.chat.runs import num_cached_prompt_tokens
 from app.openai.chat.tools import ToolPlan
 from engine import RequestOutput
-from engine.logprobs import TokenLogprob
+from engine.sampling.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
