@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.engine_clients.special_text import NO_MARKERS, MarkedChat, Markers
 from engine import EngineStats, GrammarConstraint, RequestOutput, SamplingParams
 
 LOCAL_WORKER = "local"  # the worker id of an engine on this machine (a thread or a process of its own)
@@ -48,12 +49,24 @@ class EngineClient(Protocol):
 
     def is_ready(self) -> bool: ...
 
-    def encode_prompt(self, prompt: str) -> list[int]: ...
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The token ids of a completion's prompt: the client's whole text, its special tokens parsed."""
+        ...
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The token ids of a chat by the tokenizer's own template; no text of the messages becomes a special token."""
+        ...
 
-    def encode_rendered(self, text: str) -> list[int]:
-        """The token ids of a prompt a chat template rendered (no special token added)."""
+    def mark_special_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template_source: str
+    ) -> MarkedChat:
+        """A chat for ``template_source`` to render, each special token's text in its strings a marker
+        (app/engine_clients/special_text.py); SpecialTextError when no marker is free."""
+        ...
+
+    def encode_rendered(self, text: str, markers: Markers = NO_MARKERS) -> list[int]:
+        """The token ids of a prompt a chat template rendered (no special token added), each of the marked chat's
+        ``markers`` as its special token's text in ordinary tokens."""
         ...
 
     def special_tokens(self) -> dict[str, str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine_clients.interface import LOCAL_WORKER, AdapterInfo
+from app.engine_clients.special_text import NO_MARKERS, MarkedChat, Markers
 from engine import EngineStats, GrammarConstraint, GrammarError, RequestOutput, SamplingParams
 from engine.errors import UnknownAdapterError
 from engine.sampling.logprobs import TokenLogprob
@@ -67,8 +68,13 @@ class InstantEngine:
         num_chars = sum(len(str(message.get("content") or "")) for message in messages)
         return _ids_for(num_chars // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(messages))
 
-    def encode_rendered(self, text: str) -> list[int]:
-        return _ids_for(len(text) // CHARS_PER_TOKEN)
+    def mark_special_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template_source: str
+    ) -> MarkedChat:
+        return MarkedChat(messages, tools)  # no tokenizer: no special token to keep request text from
+
+    def encode_rendered(self, text: str, markers: Markers = NO_MARKERS) -> list[int]:
+        return _ids_for(markers.num_chars(text) // CHARS_PER_TOKEN)
 
     def special_tokens(self) -> dict[str, str]:
         return {}

@@ -60,7 +60,7 @@ def _ask(model: str) -> dict[str, object]:
     }
 
 
-async def _pythonic_adapter(client, gateway, folder: Path, template: str):
+async def pythonic_adapter(client, gateway, folder: Path, template: str):
     """An admin, tenant acme, and acme's adapter "agent" from ``folder`` with ``template`` and the pythonic format."""
     admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
     acme = await make_tenant(gateway, "acme")
@@ -79,7 +79,7 @@ async def test_an_adapters_template_and_format_serve_its_requests_and_the_base_k
     gateway_settings, default_engine, tenant_adapters
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin, acme, adapter = await _pythonic_adapter(client, gateway, tenant_adapters["alpha"], PYTHONIC_TEMPLATE)
+        admin, acme, adapter = await pythonic_adapter(client, gateway, tenant_adapters["alpha"], PYTHONIC_TEMPLATE)
         assert adapter["tool_call_format"] == "pythonic"
         assert adapter["chat_template_sha256"] == _sha256(PYTHONIC_TEMPLATE)
         shown = (await client.get(f"/admin/adapters/{adapter['id']}", headers=admin.headers)).json()
@@ -117,7 +117,7 @@ async def test_an_adapters_template_writes_the_models_special_tokens(gateway_set
     # A Llama- or Mistral-style template writes the BOS itself; the prompt holds it, encoded as the one special token.
     template = "{{ bos_token }}" + PYTHONIC_TEMPLATE
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        _, acme, _ = await _pythonic_adapter(client, gateway, tenant_adapters["alpha"], template)
+        _, acme, _ = await pythonic_adapter(client, gateway, tenant_adapters["alpha"], template)
         asked = await client.post(
             CHAT, json={"model": "agent", "messages": ASK, "max_tokens": 1, "temperature": 0}, headers=acme.headers
         )
@@ -241,7 +241,7 @@ async def test_a_template_that_runs_too_long_on_one_conversation_is_a_400_on_tha
     # The upload's samples never say "spin": the check passes, and the loop waits for a request that does.
     hidden = PYTHONIC_TEMPLATE + "{% if messages[-1].content == 'spin' %}" + NESTED_LOOPS + "{% endif %}"
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        _, acme, _ = await _pythonic_adapter(client, gateway, tenant_adapters["alpha"], hidden)
+        _, acme, _ = await pythonic_adapter(client, gateway, tenant_adapters["alpha"], hidden)
         started = time.monotonic()
         spun = await client.post(
             CHAT,

@@ -4,6 +4,10 @@ Tokenizing takes about a microsecond a character, so a prompt is measured before
 text longer than ``engine.max_prompt_chars``, or more messages than the context has tokens (each takes
 at least one), cannot fit and is refused at once with ``context_length_exceeded``. A long text that
 may fit is tokenized in a worker thread, so that it never stalls the event loop (and every stream on it).
+
+Only the chat template writes special tokens: the text of one in a message or a tool is encoded as the
+ordinary text it is (app/engine_clients/special_text.py). A completion's ``prompt`` is the client's whole
+prompt, so the special tokens it writes are parsed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine_clients.interface import EngineClient
+from app.engine_clients.special_text import Markers, SpecialTextError
 from app.openai.chat.request_schemas import ChatCompletionRequest, CompletionRequest
 from app.openai.chat.tool_prompts import render_messages, template_messages, template_tools
 from app.openai.chat.tools import ToolPlan
@@ -59,28 +64,33 @@ async def chat_prompt_ids(
         template, messages, tools = style.template, render_messages(body, plan), None
     else:
         flattened = render_messages(body, plan)
-        return await _tokenize(lambda: engine.encode_chat(flattened), num_chars)
-    special_tokens = engine.special_tokens()
+        try:
+            return await _tokenize(lambda: engine.encode_chat(flattened), num_chars)
+        except SpecialTextError as error:
+            raise _unrenderable(error) from None
     if style.tenant_supplied:  # its cost is the tenant's to choose: never on the loop every stream shares
-        text = await asyncio.to_thread(_rendered, template, messages, tools, special_tokens)
+        text, markers = await asyncio.to_thread(_rendered, template, messages, tools, engine)
     else:
-        text = _rendered(template, messages, tools, special_tokens)
-    _refuse_text_beyond_context(len(text), engine, "messages")
-    return await _tokenize(lambda: engine.encode_rendered(text), len(text))
+        text, markers = _rendered(template, messages, tools, engine)
+    num_chars = markers.num_chars(text)
+    _refuse_text_beyond_context(num_chars, engine, "messages")
+    return await _tokenize(lambda: engine.encode_rendered(text, markers), num_chars)
 
 
 def _rendered(
-    template: ChatTemplate,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    special_tokens: dict[str, str],
-) -> str:
+    template: ChatTemplate, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, engine: EngineClient
+) -> tuple[str, Markers]:
+    """The prompt's text, and the markers that stand in it for the special tokens' texts the request held."""
     try:
-        return template.render(messages, tools, special_tokens=special_tokens)
-    except ChatTemplateError as error:
-        raise BadRequestError(
-            f"This model's chat template cannot render these messages: {error}.", param="messages"
-        ) from None
+        marked = engine.mark_special_text(messages, tools, template.source)
+        text = template.render(marked.messages, marked.tools, special_tokens=engine.special_tokens())
+    except (ChatTemplateError, SpecialTextError) as error:
+        raise _unrenderable(error) from None
+    return text, marked.markers
+
+
+def _unrenderable(error: ChatTemplateError | SpecialTextError) -> BadRequestError:
+    return BadRequestError(f"This model's chat template cannot render these messages: {error}.", param="messages")
 
 
 async def completion_prompts(body: CompletionRequest, engine: EngineClient, max_prompts: int) -> list[Prompt]:
