@@ -19,8 +19,8 @@ from sqlalchemy import make_url
 
 from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
-from app.admin.adapter_service import AdapterService
-from app.admin.first_admin import ensure_admin_key, warn_of_void_admin_keys
+from app.admin.adapters.service import AdapterService
+from app.admin.keys.first_admin import ensure_admin_key, warn_of_void_admin_keys
 from app.cluster.environment import configure_ray_environment
 from app.db.database import Database
 from app.db.embedded import EmbeddedPostgres

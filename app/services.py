@@ -13,7 +13,7 @@ from litestar import Request
 
 from app.adapters.announcements import AdapterAnnouncements
 from app.adapters.resolver import ModelResolver
-from app.admin.adapter_service import AdapterService
+from app.admin.adapters.service import AdapterService
 from app.db.database import Database
 from app.demo.tenant import DemoAccess
 from app.engine_clients.interface import EngineClient

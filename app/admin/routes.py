@@ -3,12 +3,12 @@
 from litestar import Router
 from litestar.handlers import BaseRouteHandler
 
-from app.admin.adapters import ADAPTER_ROUTES
+from app.admin.adapters.controller import ADAPTER_ROUTES
 from app.admin.guards import admin_guard, declared_access
-from app.admin.keys import KEY_ROUTES
+from app.admin.keys.controller import KEY_ROUTES
 from app.admin.me import ME_ROUTES
-from app.admin.tenants import TENANT_ROUTES
-from app.admin.usage import USAGE_ROUTES
+from app.admin.tenants.controller import TENANT_ROUTES
+from app.admin.usage.controller import USAGE_ROUTES
 
 ADMIN_PATH = "/admin"
 ADMIN_ROUTES: list[BaseRouteHandler] = [*TENANT_ROUTES, *KEY_ROUTES, *ADAPTER_ROUTES, *USAGE_ROUTES, *ME_ROUTES]

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from litestar.openapi.spec import OpenAPI, OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 
-from app.admin.schemas_tenants import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
+from app.admin.tenants.schemas import KeyCreate, KeyRotate, KeyUpdate, TenantCreate, TenantUpdate
 from app.api_docs.examples import add_response_examples
 from app.openai.chat.reply_schemas import ChatCompletionChunk, Completion
 from app.openai.chat.request_schemas import PROMPT_SCHEMA, ChatCompletionRequest, CompletionRequest

@@ -249,7 +249,7 @@ def create_admin_key_locally(settings: Settings, database_url: str, name: str) -
     """Migrate the database, then make a key with the `admin` scope in it; return the plaintext."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.admin.first_admin import create_admin_key
+    from app.admin.keys.first_admin import create_admin_key
     from app.db.database import Database
     from app.db.migrate import upgrade
     from app.keys.secrets import load_or_create_key_secret

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from litestar import MediaType, Request, Response, get, post
 
-from app.admin.adapters import AdapterId, TenantId, adapter_service
+from app.admin.adapters.controller import AdapterId, TenantId, adapter_service
 from app.admin.guards import ACCESS, Access, admin_of
-from app.admin.tenants import tenant_service
+from app.admin.tenants.controller import tenant_service
 from app.console.access import session_of
 from app.console.pages import render, see_other
 from app.web.errors import ApiError

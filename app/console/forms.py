@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from app.admin.tenant_service import LIMIT_FIELDS
+from app.admin.tenants.service import LIMIT_FIELDS
 
 T = TypeVar("T")
 

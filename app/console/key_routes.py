@@ -16,12 +16,12 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import FormMultiDict
 from litestar.params import PathParameter
 
-from app.admin.adapters import TenantId
+from app.admin.adapters.controller import TenantId
 from app.admin.guards import ACCESS, Access, admin_of
-from app.admin.keys import key_service
-from app.admin.schemas_tenants import KeyCreate, KeyRotate
-from app.admin.tenant_service import LIMIT_FIELDS
-from app.admin.tenants import tenant_service
+from app.admin.keys.controller import key_service
+from app.admin.tenants.controller import tenant_service
+from app.admin.tenants.schemas import KeyCreate, KeyRotate
+from app.admin.tenants.service import LIMIT_FIELDS
 from app.console.access import session_of
 from app.console.forms import FormError, convert, form_values
 from app.console.pages import render, see_other

@@ -12,11 +12,11 @@ from litestar import Request, Response, get, post
 from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER
 
-from app.admin.adapters import TenantId
+from app.admin.adapters.controller import TenantId
 from app.admin.guards import ACCESS, Access, admin_of, caller_of
-from app.admin.schemas_tenants import TenantCreate, TenantUpdate
-from app.admin.tenant_service import LIMIT_FIELDS
-from app.admin.tenants import tenant_service
+from app.admin.tenants.controller import tenant_service
+from app.admin.tenants.schemas import TenantCreate, TenantUpdate
+from app.admin.tenants.service import LIMIT_FIELDS
 from app.console.access import home_of
 from app.console.forms import FormError, convert, form_values, limit_changes
 from app.console.pages import render, see_other

@@ -8,9 +8,9 @@ from __future__ import annotations
 from litestar import Request, Response, get
 
 from app.admin.guards import ACCESS, Access, caller_of
-from app.admin.schemas_tenants import TenantOut
-from app.admin.tenants import tenant_service
-from app.admin.usage_service import UsageQuery
+from app.admin.tenants.controller import tenant_service
+from app.admin.tenants.schemas import TenantOut
+from app.admin.usage.service import UsageQuery
 from app.console.live_latency import LatencyLine, ttft_lines
 from app.console.pages import render
 from app.console.usage_rows import UsageGroup, chart_series, usage_csv, usage_rows

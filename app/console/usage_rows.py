@@ -17,7 +17,7 @@ from enum import StrEnum
 from sqlalchemy import Date, Float, cast, func, literal, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.admin.usage_service import UsageQuery
+from app.admin.usage.service import UsageQuery
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant, UsageEvent
 

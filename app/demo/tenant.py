@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from app.adapters.store import register_adapter
-from app.admin.first_admin import ADMIN_TENANT
+from app.admin.keys.first_admin import ADMIN_TENANT
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, Tenant
 from app.engine_clients.interface import EngineClient

@@ -58,7 +58,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 from sqlalchemy import select
 
 from app.adapters.store import register_adapter
-from app.admin.usage_service import MAX_DAYS
+from app.admin.usage.service import MAX_DAYS
 from app.db.tables import ApiKey, Tenant
 from app.keys.service import ADMIN_TENANT, Scope, create_api_key
 from app.openai.chat.request_schemas import MAX_TOKEN_ID

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app.admin.upload import MAX_CHAT_FILE_BYTES
+from app.admin.adapters.upload import MAX_CHAT_FILE_BYTES
 from app.db.tables import Adapter, AdapterFile, AuditLog
 from app.keys.service import Scope
 from app.tool_calls.templates import MAX_TEMPLATE_CHARS, ChatTemplate

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from sqlalchemy import func, select, update
 
-from app.admin.upload import UploadTooLargeError, staged_upload
+from app.admin.adapters.upload import UploadTooLargeError, staged_upload
 from app.db.tables import Adapter, AuditLog, Tenant
 from app.keys.service import Scope
 from app.web.errors import BadRequestError

@@ -11,8 +11,8 @@ from litestar import get
 from sqlalchemy import func, select
 
 from app.admin import routes as admin_routes
-from app.admin.first_admin import warn_of_void_admin_keys
 from app.admin.guards import ACCESS, Access, UndeclaredAccessError, declared_access
+from app.admin.keys.first_admin import warn_of_void_admin_keys
 from app.console.access import PUBLIC
 from app.console.router import CONSOLE_ROUTES
 from app.db.tables import Adapter, ApiKey, AuditLog

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.admin import adapter_residency
+from app.admin.adapters import residency as adapter_residency
 from app.db.tables import Adapter, AuditLog
 from app.keys.service import Scope
 from tests.app.gateway_fixtures import TenantKey, chat_body, gateway_client, make_tenant, on_both_engines, usage_rows

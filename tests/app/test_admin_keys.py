@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import any_, select
 
-from app.admin.first_admin import AdminKeyError, create_admin_key, ensure_admin_key
-from app.admin.keys import KEY_ROUTES
+from app.admin.keys.controller import KEY_ROUTES
+from app.admin.keys.first_admin import AdminKeyError, create_admin_key, ensure_admin_key
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.gateway import run_gateway

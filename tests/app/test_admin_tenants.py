@@ -14,7 +14,7 @@ import pytest
 from alembic import command
 from sqlalchemy import select
 
-from app.admin.tenants import TENANT_ROUTES
+from app.admin.tenants.controller import TENANT_ROUTES
 from app.db.migrate import alembic_config, upgrade
 from app.db.tables import Adapter, ApiKey, AuditLog, Tenant
 from app.services import Gateway

@@ -1,6 +1,6 @@
 """Each model's chat style: the base model's, or an adapter's own template and tool-call format over it.
 
-An adapter brings a template, a format, both or neither (app/admin/adapter_chat.py checked them at upload).
+An adapter brings a template, a format, both or neither (app/admin/adapters/chat.py checked them at upload).
 What it does not bring is the base model's: a format alone keeps the base model's templates, a template alone
 keeps the server's format. Its template renders every chat request on it, with tools or without.
 

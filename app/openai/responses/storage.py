@@ -2,7 +2,7 @@
 
 Every read and delete is scoped to the caller's tenant, so another tenant's response is exactly as absent as
 one that never existed; a response past its ``expires_at`` is absent too, before the sweeper removes it.
-Deleting a tenant deletes its responses (app/admin/tenant_service.py); a save holds the tenant's row in share
+Deleting a tenant deletes its responses (app/admin/tenants/service.py); a save holds the tenant's row in share
 mode, so a response that finishes while its tenant is being deleted is not stored after the deletion.
 """
 

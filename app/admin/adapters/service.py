@@ -3,9 +3,9 @@
 Every change writes one audit row in the transaction that makes it. The work is in three places, each with
 one job, and this service is what the routes, the tenant service and the announcements listener call:
 
-- uploads (app/admin/adapter_uploads.py): receive, validate, store, record and register, or leave nothing;
-- residency (app/admin/adapter_residency.py): load, unload and pin in the engines, stored and announced;
-- removal (app/admin/adapter_removal.py): a deleted adapter's engine copy and files go once no request uses it.
+- uploads (app/admin/adapters/uploads.py): receive, validate, store, record and register, or leave nothing;
+- residency (app/admin/adapters/residency.py): load, unload and pin in the engines, stored and announced;
+- removal (app/admin/adapters/removal.py): a deleted adapter's engine copy and files go once no request uses it.
 
 Deletion: the row becomes ``deleted`` and the resolver forgets it at once, so new requests get 404; the
 engine's copy and the stored files go when no request uses them. A replacing upload deletes the adapter it
@@ -29,12 +29,12 @@ from sqlalchemy import select
 
 from app.adapters.announcements import Op, announce
 from app.adapters.resolver import ModelResolver
-from app.admin.adapter_removal import AdapterRemovals
-from app.admin.adapter_residency import AdapterResidency
-from app.admin.adapter_rows import DELETED, adapter_out, no_adapter, require_tenant
-from app.admin.adapter_uploads import AdapterUploads
+from app.admin.adapters.removal import AdapterRemovals
+from app.admin.adapters.residency import AdapterResidency
+from app.admin.adapters.rows import DELETED, adapter_out, no_adapter, require_tenant
+from app.admin.adapters.schemas import AdapterList, AdapterOut
+from app.admin.adapters.uploads import AdapterUploads
 from app.admin.audit import record_change
-from app.admin.schemas_adapters import AdapterList, AdapterOut
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_clients.interface import EngineClient

@@ -1,4 +1,4 @@
-"""Admin routes for tenants (docs/admin.md); the logic is in app/admin/tenant_service.py.
+"""Admin routes for tenants (docs/admin.md); the logic is in app/admin/tenants/service.py.
 
 Creating, listing, changing and deleting tenants is the platform's (Access.PLATFORM); a tenant admin may read
 its own tenant's record (Access.TENANT). The admin router's guard checks the key before the body is read.
@@ -14,8 +14,8 @@ from litestar.openapi.spec import Example
 from litestar.params import Body, Parameter
 
 from app.admin.guards import ACCESS, Access, admin_of
-from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
-from app.admin.tenant_service import TenantService
+from app.admin.tenants.schemas import TenantCreate, TenantList, TenantOut, TenantUpdate
+from app.admin.tenants.service import TenantService
 from app.services import gateway_of
 from app.web.json_body import strict_json
 from app.web.responses import error_responses

@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin.audit import record_change
-from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
-from app.admin.tenant_service import LIMIT_FIELDS, audit_view, refuse_if_deleted
+from app.admin.tenants.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
+from app.admin.tenants.service import LIMIT_FIELDS, audit_view, refuse_if_deleted
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.keys.authenticator import Authenticator, Principal

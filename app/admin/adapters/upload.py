@@ -11,7 +11,7 @@ Safe by construction:
   ``adapter_model.safetensors``, ``chat_template.jinja`` and ``tokenizer_config.json`` are accepted, each
   once; the two adapter files are written under those fixed names, and a client's ``filename`` is never
   read, so nothing the client sends becomes a path; the chat files are small texts kept in memory, each
-  under its own cap (their content is checked by app/admin/adapter_chat.py);
+  under its own cap (their content is checked by app/admin/adapters/chat.py);
 - the staging folder is a fresh random folder (mode 0700) under ``home/adapters/.uploads/`` and is
   removed when :func:`staged_upload`'s block ends, however it ends (what must survive is moved out first).
 """

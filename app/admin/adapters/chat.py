@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from app.admin.upload import FORMAT_FIELD, TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, AdapterUpload
+from app.admin.adapters.upload import FORMAT_FIELD, TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, AdapterUpload
 from app.tool_calls.formats import FORMATS, ToolCallFormat, ToolCallFormatError, get_format
 from app.tool_calls.style import SAMPLE_CALL, check_teaches
 from app.tool_calls.templates import SAMPLE_MESSAGES, ChatTemplate, ChatTemplateError, check_template

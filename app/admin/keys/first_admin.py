@@ -14,9 +14,9 @@ from sqlalchemy import any_, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin.audit import record_change
-from app.admin.key_service import API_KEY, key_out, store_api_key
-from app.admin.schemas_tenants import TenantCreate
-from app.admin.tenant_service import TENANT, add_tenant, audit_view, tenant_out
+from app.admin.keys.service import API_KEY, key_out, store_api_key
+from app.admin.tenants.schemas import TenantCreate
+from app.admin.tenants.service import TENANT, add_tenant, audit_view, tenant_out
 from app.db.database import Database
 from app.db.tables import ApiKey, Tenant
 from app.keys.secrets import (

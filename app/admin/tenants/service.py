@@ -4,7 +4,7 @@ Deleting a tenant is a soft delete: the row stays with status ``deleted`` becaus
 billing record) points at it. What holds the tenant's data goes in the same transaction: its stored responses
 are deleted and its adapters' chat templates cleared; its keys are revoked and its adapters marked deleted,
 then removed from the engine and, unless another tenant's adapter has the same digest, from the file store
-(app/admin/adapter_removal.py); requests already running finish first. A deleted tenant cannot be changed or
+(app/admin/adapters/removal.py); requests already running finish first. A deleted tenant cannot be changed or
 given keys, and its name stays taken for good, so usage reports and the audit log never show two tenants under
 one name; choose a new name for a new tenant.
 
@@ -31,9 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.announcements import Op, announce, announce_tenant_deleted
 from app.adapters.resolver import ModelResolver
-from app.admin.adapter_service import AdapterService
+from app.admin.adapters.service import AdapterService
 from app.admin.audit import record_change
-from app.admin.schemas_tenants import TenantCreate, TenantList, TenantOut, TenantUpdate
+from app.admin.tenants.schemas import TenantCreate, TenantList, TenantOut, TenantUpdate
 from app.db.database import Database
 from app.db.tables import Adapter, ApiKey, StoredResponse, Tenant
 from app.keys.authenticator import Authenticator, Principal

@@ -1,4 +1,4 @@
-"""Admin routes for API keys (docs/admin.md); the logic is in app/admin/key_service.py.
+"""Admin routes for API keys (docs/admin.md); the logic is in app/admin/keys/service.py.
 
 Each is Access.TENANT: a platform admin manages any tenant's keys, a tenant admin its own tenant's.
 """
@@ -13,9 +13,9 @@ from litestar.openapi.spec import Example
 from litestar.params import Body, Parameter
 
 from app.admin.guards import ACCESS, Access, admin_of
-from app.admin.key_service import KeyService
-from app.admin.schemas_tenants import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
-from app.admin.tenants import TenantId
+from app.admin.keys.service import KeyService
+from app.admin.tenants.controller import TenantId
+from app.admin.tenants.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
 from app.services import gateway_of
 from app.web.json_body import strict_json
 from app.web.responses import error_responses

@@ -21,10 +21,10 @@ from sqlalchemy import update
 
 from app.adapters.announcements import Op, announce
 from app.adapters.resolver import ModelResolver
-from app.admin.adapter_removal import AdapterRemovals
-from app.admin.adapter_rows import DELETED, READY, adapter_out, no_adapter
+from app.admin.adapters.removal import AdapterRemovals
+from app.admin.adapters.rows import DELETED, READY, adapter_out, no_adapter
+from app.admin.adapters.schemas import AdapterOut
 from app.admin.audit import record_change
-from app.admin.schemas_adapters import AdapterOut
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_clients.interface import EngineClient

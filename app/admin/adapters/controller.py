@@ -17,11 +17,11 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import PathParameter
 
-from app.admin.adapter_service import AdapterService
-from app.admin.adapter_uploads import ADAPTER_NAME
+from app.admin.adapters.schemas import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
+from app.admin.adapters.service import AdapterService
+from app.admin.adapters.upload import FALSE_WORDS, TRUE_WORDS
+from app.admin.adapters.uploads import ADAPTER_NAME
 from app.admin.guards import ACCESS, Access, admin_of
-from app.admin.schemas_adapters import EXAMPLE_ADAPTER, AdapterList, AdapterOut, PinRequest, example_error
-from app.admin.upload import FALSE_WORDS, TRUE_WORDS
 from app.services import gateway_of
 from app.tool_calls.formats import FORMATS
 from app.tool_calls.templates import MAX_TEMPLATE_CHARS

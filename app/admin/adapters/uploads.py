@@ -1,14 +1,14 @@
 """Adapter uploads: receive, validate, store, record and register an adapter; nothing stays behind when one fails.
 
-The form is streamed into a private staging folder (app/admin/upload.py), validated by the engine, its chat
-template and tool-call format checked (app/admin/adapter_chat.py), and only then moved into the local store by
+The form is streamed into a private staging folder (app/admin/adapters/upload.py), validated by the engine, its chat
+template and tool-call format checked (app/admin/adapters/chat.py), and only then moved into the local store by
 digest, recorded (its files row in ``adapter_files``, the adapter row and the audit row, one transaction) and
 registered in the engine, so the owner's keys can use it at once. Any failure leaves nothing behind: the
 staging folder always goes, a stored folder this upload created goes, the transaction rolls back, the engine
 forgets the adapter.
 
 An upload with ``replace`` marks the tenant's live adapter of the same name deleted and announces it, in the
-transaction that records the new one; retiring the old one is the caller's (app/admin/adapter_service.py).
+transaction that records the new one; retiring the old one is the caller's (app/admin/adapters/service.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from sqlalchemy.exc import IntegrityError
 from app.adapters.announcements import Op, announce
 from app.adapters.file_rows import save_files
 from app.adapters.store import adapter_row, move_into_store, remove_stored, uploads_root
-from app.admin.adapter_chat import AdapterChat, adapter_chat
-from app.admin.adapter_rows import DELETED, adapter_out, require_tenant
+from app.admin.adapters.chat import AdapterChat, adapter_chat
+from app.admin.adapters.rows import DELETED, adapter_out, require_tenant
+from app.admin.adapters.upload import AdapterUpload, staged_upload
 from app.admin.audit import record_change
-from app.admin.upload import AdapterUpload, staged_upload
 from app.db.database import Database
 from app.db.tables import Adapter
 from app.engine_clients.interface import AdapterInfo, EngineClient

@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.admin.schemas_adapters import AdapterOut
+from app.admin.adapters.schemas import AdapterOut
 from app.db.tables import Adapter, Tenant
 from app.engine_clients.interface import EngineClient
 from app.web.errors import NotFoundError

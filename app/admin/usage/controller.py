@@ -13,7 +13,7 @@ from litestar.openapi.spec import Example
 from litestar.params import QueryParameter
 
 from app.admin.guards import ACCESS, Access, caller_of
-from app.admin.usage_service import (
+from app.admin.usage.service import (
     DEFAULT_DAYS,
     MAX_DAYS,
     UsageFormat,
