@@ -35,7 +35,10 @@ def test_the_distribution_is_installed_with_its_packages() -> None:
 
 def test_no_other_installed_distribution_provides_our_top_level_packages() -> None:
     providers = packages_distributions()
-    shared = {name: sorted(set(providers.get(name, ())) - {DISTRIBUTION}) for name in sorted(our_top_level_packages())}
+    shared = {
+        name: sorted(set(providers.get(name, ())) - {DISTRIBUTION})
+        for name in sorted(our_top_level_packages())
+    }
     assert {name: others for name, others in shared.items() if others} == {}, (
         "another installed distribution ships a top-level package under one of our import names; "
         "rename ours (two packages with one import name cannot share an environment)"

@@ -244,18 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
     folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
 
-    engine = Engine(
-        EngineConfig(
-            model=str(folder),
-            device="cuda" if cuda else "cpu",
-            dtype="bfloat16" if cuda else "float32",
-            kernels=args.kernels,
-            max_num_seqs=NUM_ROWS,
-            max_num_batched_tokens=max(2048, NUM_ROWS),
-            num_speculative_tokens=0,
-            num_threads=args.threads or (1 if args.quick else None),
-        )
-    )
+    engine = Engine(EngineConfig(
+        model=str(folder), device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+        kernels=args.kernels, max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS),
+        num_speculative_tokens=0, num_threads=args.threads or (1 if args.quick else None),
+    ))
     cfg = engine.model_config
     adapter_paths = [
         write_synthetic_adapter(home / f"{shape}-r{ADAPTER_RANK}-{index}", cfg, ADAPTER_RANK, index, TARGETS)

@@ -146,13 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     stats = on.speculator.stats
     report = {
-        f"speedup_{c}": round(statistics.median(times[c, "off"]) / statistics.median(times[c, "on"]), 3) for c in levels
+        f"speedup_{c}": round(statistics.median(times[c, "off"]) / statistics.median(times[c, "on"]), 3)
+        for c in levels
     }
     report |= {
         "acceptance_rate": round(stats.acceptance_rate, 3),
         "num_proposed_tokens": sum(stats.num_proposed.values()),
         "num_accepted_tokens": sum(stats.num_accepted.values()),
-        "seconds": {f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in levels for label in ("on", "off")},
+        "seconds": {
+            f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in levels for label in ("on", "off")
+        },
         "k": args.k,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,

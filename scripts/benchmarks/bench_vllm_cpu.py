@@ -155,7 +155,9 @@ def http_servers(
     servers: dict[str, Callable[[], dict[str, float]]] = {}
     if vllm is not None:
         vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
-        servers["vllm_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype)
+        servers["vllm_server"] = lambda: on_vllm(
+            vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype
+        )
         servers["vllm_lora_server"] = lambda: on_vllm(
             vllm.python, vllm_env, folder, scratch, named, cases(counts), args.dtype
         )

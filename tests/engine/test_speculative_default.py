@@ -57,11 +57,8 @@ def test_mixed_adapters_chunked_prefill_cache_hits_and_a_grammar(folder, prompts
         "mlp": make_peft_adapter(folder, tmp_path / "mlp", seed=6, r=8, target_modules=["down_proj"]),
     }
     schema = GrammarConstraint.json_schema(
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
-            "required": ["name", "city"],
-        }
+        {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+         "required": ["name", "city"]}
     )
     greedy = SamplingParams(max_tokens=32, temperature=0.0)
     params = [greedy, greedy, greedy, SamplingParams(max_tokens=32, temperature=0.0, constraint=schema)]
