@@ -33,27 +33,15 @@ minutes), inside a ten-minute command: a step that would start later is not star
 import argparse
 import json
 import logging
-import math
 import os
-import platform
 import shlex
-import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.tools.gpu_prepare import (
-    CARRIED_PACKAGES,
-    GPU_FOLDER,
-    ROOT,
-    TOKENIZER,
-    WHEELS,
-    lock_pins,
-    normalize,
-    prepare,
-)
+from scripts.tools.gpu_device_checks import CUDA_DTYPES, check_ops, write_versions
+from scripts.tools.gpu_prepare import GPU_FOLDER, ROOT, TOKENIZER, WHEELS, prepare
+from scripts.tools.timed_steps import Command, Step, StepResult, run_step
 
 logger = logging.getLogger("gpu_checks")
 
@@ -69,14 +57,8 @@ BENCH_HF_S = 570
 TESTS_S = 150
 PHASES_S = 60  # host_step_phases on bench_gpu's model, written by then: the host's share of a step, phase by phase
 DEADLINE_S = 510  # every step ends by then, well inside DEVICE_TIMEOUT_S
-MIN_STEP_S = 10  # a step that would get less is not started
-KILL_GRACE_S = 5  # between SIGTERM and SIGKILL to a stopped step's process group
-TIMED_OUT = 124  # the exit status `timeout` gives a command it stopped
-NOT_FOUND = 127  # the shell's for a command that does not exist
 
-CUDA_DTYPES = ("float32", "float16", "bfloat16")
 CPU_DTYPES = ("float32", "float16")  # the interpreter's tl.dot multiplies bf16 bit patterns
-VERSION_PACKAGES = ("torch", "triton", "transformers", "tokenizers", "safetensors", "peft", "numpy", "pytest")
 TEST_FILES = (
     "tests/engine/test_triton_engine.py",
     "tests/engine/test_cuda_paths_sizing.py",
@@ -117,32 +99,6 @@ DESELECTED = {f"{path}::{test}": why for path, test, why in DESELECTED_TESTS}
 
 
 # run -----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    label: str
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One check: its commands run one after another within ``budget_s``, their output appended to ``log``."""
-
-    name: str
-    commands: tuple[Command, ...]
-    log: str  # a file name in the output folder
-    budget_s: int
-    stdout: Path | None = None  # where the commands' stdout goes instead of the log (the bench's JSON line)
-
-
-@dataclass(slots=True)
-class StepResult:
-    name: str
-    returncode: int = 0
-    seconds: float = 0.0
-    commands: dict[str, int] = field(default_factory=dict)  # label: exit status
-    note: str = ""
 
 
 def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
@@ -226,60 +182,6 @@ def preflight() -> list[str]:
     return [f"{problem}: {advice}" for problem in missing]
 
 
-def run_command(argv: tuple[str, ...], env: dict[str, str], log, stdout, timeout_s: float) -> int:
-    """``argv`` in a process group of its own; the whole group is stopped at ``timeout_s`` (exit status 124)."""
-    try:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=stdout, stderr=log, start_new_session=True)
-    except FileNotFoundError as error:
-        log.write(f"{error}\n")
-        return NOT_FOUND
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        log.write(f"\nstopped after {timeout_s:.0f} s\n")
-        for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                process.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return TIMED_OUT
-
-
-def run_step(step: Step, env: dict[str, str], out: Path, deadline: float) -> StepResult:
-    """Every command of ``step`` within its budget and the deadline; the first failing status is the step's."""
-    result = StepResult(step.name)
-    started = time.monotonic()
-    step_end = min(started + step.budget_s, deadline)
-    with (out / step.log).open("a") as log:
-        if step.stdout is not None:
-            step.stdout.parent.mkdir(parents=True, exist_ok=True)
-            step.stdout.write_text("")
-        for command in step.commands:
-            left = step_end - time.monotonic()
-            if left < MIN_STEP_S:
-                log.write(f"$ {shlex.join(command.argv)}\nnot started: {left:.0f} s left of the step's time\n")
-                result.commands[command.label] = TIMED_OUT
-                continue
-            log.write(f"$ {shlex.join(command.argv)}\n")
-            log.flush()
-            if step.stdout is not None:
-                with step.stdout.open("a") as stdout:
-                    status = run_command(command.argv, env, log, stdout, left)
-            else:
-                status = run_command(command.argv, env, log, log, left)
-            log.write(f"exit status {status}\n")
-            log.flush()
-            result.commands[command.label] = status
-    result.seconds = round(time.monotonic() - started, 1)
-    result.returncode = next((status for status in result.commands.values() if status != 0), 0)
-    return result
-
-
 def collect_bench(step: Step, out: Path) -> dict | None:
     """The bench's last stdout line as bench_gpu.json; any other stdout lines go to its log."""
     lines = step.stdout.read_text().splitlines() if step.stdout and step.stdout.is_file() else []
@@ -327,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     summary: dict[str, object] = {"problems": problems, "deselected": DESELECTED}
     for step in steps:
         logger.info("%s: started (at most %d s)", step.name, step.budget_s)
-        result = run_step(step, env, out, deadline)
+        result = run_step(step, env, out, deadline, cwd=ROOT)
         if step.name == "op-checks":
             report = work / "op_checks.json"
             summary["op_checks"] = json.loads(report.read_text()) if report.is_file() else None
@@ -371,72 +273,6 @@ def write_summary(results: list[StepResult], steps: list[Step]) -> None:
         note = f" ({r.note})" if r.note else ""
         write(f"{r.name:<12} {r.returncode:>6} {r.seconds:>8.1f}  {logs[r.name]}{detail}{note}\n")
     write("summary.json: every step's exit status, the op checks' errors, the bench's figures\n")
-
-
-# ops and versions: the steps run in their own processes ---------------------------------------------------
-
-
-def check_ops(device_name: str, dtype_names: list[str], report: Path | None) -> int:
-    """Each op of op_checks through the Triton kernels on ``device_name`` in each dtype; 1 if any fails."""
-    import torch
-    import triton
-
-    from loraplex_kernels.backend import KernelBackend, compiled_triton_functions
-    from loraplex_kernels.op_checks import OPS, run_op_check
-    from loraplex_kernels.triton_aot import find_kernels
-
-    device = torch.device(device_name)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    kernels, compiled = find_kernels(), compiled_triton_functions()
-    write = sys.stdout.write
-    write(f"{name}: torch {torch.__version__}, triton {triton.__version__}, ")
-    write(f"{len(compiled)} of {len(kernels)} Triton kernels compiled (the rest interpreted)\n")
-    rows = []
-    for dtype_name in dtype_names:
-        dtype = getattr(torch, dtype_name)
-        for op in OPS:
-            started = time.perf_counter()
-            try:
-                check = run_op_check(op, device, dtype, KernelBackend.TRITON)
-            except Exception as error:  # an op that raises is a failed check; the next one still runs
-                logger.exception("%s in %s", op, dtype_name)
-                row = {"op": op, "dtype": dtype_name, "passed": False, "error": f"{type(error).__name__}: {error}"}
-                outcome = row["error"]
-            else:
-                error_value = None if math.isnan(check.max_error) else check.max_error  # JSON has no NaN
-                row = {"op": op, "dtype": dtype_name, "passed": check.passed, "max_error": error_value}
-                row["tolerance"] = check.tolerance
-                outcome = f"max error {check.max_error:.1e} (tolerance {check.tolerance:.0e})"
-            row["seconds"] = round(time.perf_counter() - started, 2)
-            rows.append(row)
-            write(f"{dtype_name:<9} {op:<16} {'pass' if row['passed'] else 'FAIL'}  {outcome}  {row['seconds']} s\n")
-    passed = sum(row["passed"] for row in rows)
-    write(f"{passed} of {len(rows)} op checks passed\n")
-    if report is not None:
-        result = {"device": name, "torch": torch.__version__, "triton": triton.__version__}
-        result |= {"triton_kernels": len(kernels), "compiled_kernels": len(compiled), "checks": rows}
-        report.write_text(json.dumps(result) + "\n")
-    return 0 if passed == len(rows) else 1
-
-
-def write_versions() -> int:
-    """Python's and each package's version here, beside requirements.lock's; the CUDA device torch sees."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    pins = lock_pins()
-    write = sys.stdout.write
-    write(f"python {platform.python_version()} at {sys.executable}\n")
-    for name in (*VERSION_PACKAGES, *CARRIED_PACKAGES):
-        try:
-            installed = version(name)
-        except PackageNotFoundError:
-            installed = "missing"
-        write(f"{name:<13} {installed:<16} lock {pins.get(normalize(name), '-')}\n")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
-    write(f"torch CUDA {torch.version.cuda}, device {device}\n")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
