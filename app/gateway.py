@@ -72,6 +72,7 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
         quantization=settings.quantization,
         bf16_gemm=settings.bf16_gemm,
         num_speculative_tokens=settings.num_speculative_tokens,
+        cuda_graphs=settings.cuda_graphs,
     )
     name = settings.served_model_name or folder.name
     if settings.engine == "thread":

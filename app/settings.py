@@ -148,6 +148,10 @@ class Settings:
     """Most tokens n-gram speculative decoding proposes per sequence and step; 0 turns it off
     (LORAPLEX_NUM_SPECULATIVE_TOKENS). Outputs are the same either way; see docs/speculative-decoding.md."""
 
+    cuda_graphs: bool = True
+    """On a CUDA GPU, decode steps without adapters replay CUDA graphs instead of launching each kernel from Python
+    (LORAPLEX_CUDA_GRAPHS=0: every step launched one kernel at a time); no effect on a CPU."""
+
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
 
@@ -244,6 +248,7 @@ class Settings:
             else None,
             bf16_gemm=_choice(env, "LORAPLEX_BF16_GEMM", BF16_GEMMS),
             num_speculative_tokens=_int(env, "LORAPLEX_NUM_SPECULATIVE_TOKENS", DEFAULT_SPECULATIVE_TOKENS),
+            cuda_graphs=_flag(env, "LORAPLEX_CUDA_GRAPHS", default=True),
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
             max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK", MAX_RANK),

@@ -80,6 +80,9 @@ class EngineConfig:
     speculative_max_step_tokens: int = DEFAULT_SPECULATIVE_STEP_TOKENS
     """Proposals fill a step only up to this many rows (decode rows and prefill chunks included): beyond it
     the step is compute-bound and extra rows cost more than they save, so busy steps run without."""
+    cuda_graphs: bool = True
+    """On CUDA with the Triton kernels, decode steps without adapters replay a CUDA graph captured per batch-size
+    bucket instead of launching each kernel from Python (engine/step/decode_graphs.py); ignored elsewhere."""
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 0:

@@ -36,7 +36,9 @@ from engine.scheduling.request_queue import FifoQueue, RequestQueue
 from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import DEFAULT_TENANT, Sequence
 from engine.speculative.speculation import Speculator
+from engine.step.decode_graphs import DecodeGraphs
 from engine.step.step_runner import StepRunner
+from loraplex_kernels.backend import KernelBackend
 
 if TYPE_CHECKING:
     import xgrammar
@@ -101,6 +103,7 @@ class Engine:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids))
         self._runner = StepRunner(
             model=self.model,
+            decode_graphs=self._decode_graphs(),
             model_config=self.model_config,
             pool=self.pool,
             kv=self.kv,
@@ -122,6 +125,12 @@ class Engine:
             ", advised for huge pages" if self.pool.huge_pages else "",
             self.precision.reason,
         )
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """CUDA graphs of decode steps where the engine runs the Triton kernels on CUDA and the config wants them."""
+        if not (self.config.cuda_graphs and self.device.type == "cuda" and self.kernels is KernelBackend.TRITON):
+            return None
+        return DecodeGraphs(self.model, self.pool, self.config.max_num_seqs, self.max_model_len, capture=True)
 
     # Adapters -------------------------------------------------------------------------------------
 

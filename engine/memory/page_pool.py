@@ -21,6 +21,7 @@ class OwnerKind(enum.Enum):
     KV = "kv"  # a running sequence's KV block (possibly shared by several through the prefix cache)
     PREFIX_CACHE = "prefix_cache"  # a full KV block nobody uses now, kept for prefix hits
     ADAPTER = "adapter"  # rows of a resident adapter's weights
+    SCRATCH = "scratch"  # written by the padding rows of CUDA graphs' steps, read by nobody (step/decode_graphs.py)
 
 
 @dataclass(slots=True)

@@ -127,7 +127,7 @@ class EngineStats:
     """Bytes of one page (all layers)."""
 
     pages_by_owner: dict[str, int]
-    """Pages by owner kind: "free", "kv", "prefix_cache", "adapter"."""
+    """Pages by owner kind: "free", "kv", "prefix_cache", "adapter", "scratch" (one page with CUDA graphs)."""
 
     num_running: int
     """Sequences in the running batch."""

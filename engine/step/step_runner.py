@@ -24,6 +24,7 @@ from engine.scheduling.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.scheduling.sequence import FinishReason, Sequence
 from engine.speculative.speculation import Speculator
 from engine.speculative.verification import Verified, accept, generator_states, rewind_generators
+from engine.step.decode_graphs import DecodeGraphs
 from engine.step.step_batch import build_step_batch
 from engine.step.step_result import StepResult, fork_choices, prompt_scores
 from loraplex_kernels.backend import KernelBackend
@@ -43,6 +44,7 @@ class StepRunner:
         self,
         *,
         model: LlamaModel,
+        decode_graphs: DecodeGraphs | None = None,
         model_config: ModelConfig,
         pool: PagePool,
         kv: KVCacheManager,
@@ -53,6 +55,7 @@ class StepRunner:
         kernels: KernelBackend,
     ) -> None:
         self.model = model
+        self.decode_graphs = decode_graphs
         self.model_config = model_config
         self.pool = pool
         self.kv = kv
@@ -134,7 +137,10 @@ class StepRunner:
         if not items:
             return StepResult()
         batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels, self.lora_memo)
-        logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+            logits = self.decode_graphs.forward(batch)  # [num_sampled, vocab]
+        else:
+            logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
         num_sampled = len(batch.sampled_seqs)
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
         sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]

@@ -8,6 +8,8 @@ adapter, then each request naming one of 16 (then 64) synthetic adapters of rank
 round robin. Reported:
 
 - ``tok_s_base``, ``tok_s_16``, ``tok_s_64``: output tokens per second over the whole workload;
+  ``cuda_graphs``: whether decode steps without adapters replayed CUDA graphs (engine/step/decode_graphs.py),
+  and then ``tok_s_base_eager`` / ``step_ms_base_eager``: the base workload once more without them;
 - ``step_ms_base`` / ``step_ms_16``: the median wall time of a decode step at 256 rows (every running
   sequence decoding, nothing else in the step); ``busy_ms_base`` / ``busy_ms_16``: the device's busy time
   inside one such step (torch.profiler: the union of its kernels' intervals), CUDA only;
@@ -262,14 +264,20 @@ def main(argv: list[str] | None = None) -> int:
     run_workload(engine, prompts[:8], 4, names[:2])  # warm-up: every op once, with and without adapters
     freeze_startup_heap()  # as a worker process or a Ray replica does once its engine is built
 
+    graphs = engine._runner.decode_graphs  # on CUDA: the base workload runs once more without them
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
-    for label, used in (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ()):
+    result["cuda_graphs"] = graphs is not None
+    workloads = (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ())
+    workloads += (("base_eager", []),) if graphs is not None else ()
+    for label, used in workloads:
+        engine._runner.decode_graphs = None if label == "base_eager" else graphs
         tok_s, timer = run_workload(engine, prompts, output_len, used)
         result[f"tok_s_{label}"] = round(tok_s, 1)
         if timer.step_s:
             result[f"step_ms_{label}"] = round(statistics.median(timer.step_s) * 1000, 3)
             result[f"step_cpu_ms_{label}"] = round(statistics.median(timer.cpu_s) * 1000, 3)
         logger.info("%s: %.1f tok/s, %d full decode steps", label, tok_s, len(timer.step_s))
+    engine._runner.decode_graphs = graphs
     if not cuda:
         result["host_step_ms"] = result.get("step_ms_16")
         result["host_step_ms_base"] = result.get("step_ms_base")

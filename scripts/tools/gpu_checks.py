@@ -61,6 +61,7 @@ DEADLINE_S = 510  # every step ends by then, well inside DEVICE_TIMEOUT_S
 CPU_DTYPES = ("float32", "float16")  # the interpreter's tl.dot multiplies bf16 bit patterns
 TEST_FILES = (
     "tests/engine/test_triton_engine.py",
+    "tests/engine/test_decode_graphs.py",
     "tests/engine/test_cuda_paths_sizing.py",
     "tests/engine/test_cuda_paths_staging.py",
     "tests/engine/test_cuda_paths_upload.py",

@@ -62,6 +62,7 @@ TABLE = [
         0,
         (("-1", "0 to 16 \\(0 turns speculation off"), ("17", "0 to 16"), *WHOLE_NUMBER),
     ),
+    Row("LORAPLEX_CUDA_GRAPHS", "cuda_graphs", "0", False),
     Row("LORAPLEX_DEMO", "demo", "off", False),
     Row("LORAPLEX_ADMIN_KEY", "admin_key", "lp-admin", "lp-admin"),
     Row(

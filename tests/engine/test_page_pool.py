@@ -34,7 +34,7 @@ def test_allocation_prefers_free_pages_then_the_oldest_cached_block() -> None:
     pool.register_block(a[0], b"h0")
     pool.register_block(a[1], b"h1")
     pool.free(a)  # tail first: h1's page becomes the oldest cached block
-    assert pool.stats().pages_by_owner == {"free": 2, "kv": 0, "prefix_cache": 2, "adapter": 0}
+    assert pool.stats().pages_by_owner == {"free": 2, "kv": 0, "prefix_cache": 2, "adapter": 0, "scratch": 0}
     fresh = pool.allocate(2)
     assert set(fresh).isdisjoint(a), "free pages go before cached blocks"
     evicted = pool.allocate(1)

@@ -109,6 +109,20 @@ def test_a_row_is_the_same_bits_whatever_shares_the_step(dtype: torch.dtype, see
         assert torch.equal(part, whole[rows]), f"sequences {seqs} alone differ from the whole step; seed={seed}"
 
 
+def test_a_grid_sized_for_the_longest_context_gives_the_same_bits(seed: int):
+    """A CUDA graph's step sizes the chunk axis for the longest context a row may have, not for its rows'
+    (engine/step/decode_graphs.py): the programs past each row's chunks exit, the combine skips one-chunk rows."""
+    decode_rows = [row for row in SPLIT_ROWS if row[0] == 1]
+    batch = make_batch(decode_rows, 2, 3, 48, torch.float32, seed)
+    longest = dataclasses.replace(batch.meta, seq_lens_list=(300,) * len(decode_rows), max_seq_len=300)
+    assert (max_row_splits(batch.meta, KEYS), max_row_splits(longest, KEYS)) == (4, 10)
+
+    exact = paged_attention_triton(batch.q, batch.kv_cache, batch.meta, batch.scale, keys_per_split=KEYS)
+    padded_grid = paged_attention_triton(batch.q, batch.kv_cache, longest, batch.scale, keys_per_split=KEYS)
+
+    assert torch.equal(padded_grid, exact), f"seed={seed}"
+
+
 def test_rows_of_one_chunk_are_not_split(seed: int):
     """A step whose rows all fit one chunk launches no combine: the same bits as with a chunk longer than all."""
     batch = make_batch([(1, 20), (1, 32), (6, 32)], 2, 3, 64, torch.float32, seed)
