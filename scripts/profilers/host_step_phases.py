@@ -8,8 +8,9 @@ the forward pass, building the sampler's input, sampling, accepting, applying th
 phase's median over the steps, and the step's. One clock read a call, no profiler. The garbage collector's
 passes during those steps are timed too (``gc_full``: the count and total ms of full collections, ``gc_young``
 of the others); the objects of the start are frozen first, as a worker process does, unless ``--no-freeze``.
-On a GPU a phase's time is the host's: the forward pass is the time to launch its kernels, and sampling waits
-for the device (its read of the sampled tokens is the step's one synchronisation).
+On a GPU a phase's time is the host's: the forward pass is the time to launch its kernels (``graph_forward`` on a
+step that replays a CUDA graph: its inputs copied and the graph launched), and sampling waits for the device
+(its read of the sampled tokens is the step's one synchronisation).
 
     python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
     python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
@@ -55,6 +56,7 @@ PHASES = (
     (step_runner_module, "accept", "accept"),
     (step_runner_module.Scheduler, "schedule", "schedule"),
     (step_runner_module.LlamaModel, "forward", "forward"),
+    (step_runner_module.DecodeGraphs, "forward", "graph_forward"),  # a CUDA graph's step: inputs copied, replayed
     (step_runner_module.StepRunner, "_update", "update"),
 )
 
