@@ -71,11 +71,12 @@ class Engine:
         self.model = LlamaModel(self.model_config, weights, self.max_model_len, self.kernels)
         self.pool = make_pool(config, self.model_config, self.precision.kv_dtype, self.device)
         self.kv = KVCacheManager(self.pool, config.enable_prefix_caching)
+        decode_graphs = self._decode_graphs()  # its scratch page, taken now, is no request's
         self.limits = RequestLimits(
             self.model_config.vocab_size,
             config.max_num_seqs,
             self.max_model_len,
-            self.pool.num_pages,
+            self.pool.num_pages - (1 if decode_graphs is not None else 0),
             self.pool.block_size,
         )
         self.adapters = AdapterCache(self.pool, self.model_config, config.max_host_adapter_bytes)
@@ -103,7 +104,7 @@ class Engine:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids))
         self._runner = StepRunner(
             model=self.model,
-            decode_graphs=self._decode_graphs(),
+            decode_graphs=decode_graphs,
             model_config=self.model_config,
             pool=self.pool,
             kv=self.kv,

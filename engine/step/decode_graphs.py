@@ -57,7 +57,8 @@ class DecodeGraphs:
         self._max_rows = max_num_seqs
         self._max_model_len = max_model_len
         self._max_blocks = -(-max_model_len // pool.block_size)
-        self._scratch_page: int | None = None  # taken from the pool with the first graph
+        # Taken now, while the pool is empty: a step under memory pressure must not find it missing.
+        [self._scratch_page] = pool.allocate(1, owner=OwnerKind.SCRATCH)
         self._recorded: dict[int, _Recorded] = {}
         self._failed = False  # a capture raised: every step runs eagerly from then on
         self._mempool = None  # the graphs' shared memory pool, made with the first capture
@@ -124,17 +125,12 @@ class DecodeGraphs:
         """Rows ``start:end``: token 0 at position 0 of the scratch page, attending to that one key."""
         if start == end:
             return
-        page = self._scratch()
+        page = self._scratch_page
         self._input_ids[start:end].zero_()
         self._positions[start:end].zero_()
         self._slot_mapping[start:end].fill_(page * self._pool.block_size)
         self._seq_lens[start:end].fill_(1)
         self._block_tables[start:end, 0].fill_(page)
-
-    def _scratch(self) -> int:
-        if self._scratch_page is None:
-            [self._scratch_page] = self._pool.allocate(1, owner=OwnerKind.SCRATCH)
-        return self._scratch_page
 
     def _padded_batch(self, rows: int) -> StepBatch:
         """A batch of the buffers' first ``rows`` rows; its host-side values are the same for every step."""
