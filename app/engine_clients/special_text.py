@@ -7,7 +7,7 @@ is rendered, each occurrence of a special token's text in the request's strings 
 call's arguments, a tool's result, the tools' definitions, keys as well as values) is replaced by a marker: a
 private-use character that occurs in none of those strings nor in the template's source, one per special
 token found. The template renders as it always does, and its text is encoded in pieces split at the markers:
-each piece as before (the template's own special tokens parsed), each marker as the ordinary tokens of the
+each piece as any rendered text (the template's own special tokens parsed), each marker as the ordinary tokens of the
 text it stands for. The tokenizer splits a text at every special token it matches anyway, so the pieces around
 a marker are the tokens they would have been. A chat with no special token's text has no marker and is
 encoded in one piece: the same ids as without this module.

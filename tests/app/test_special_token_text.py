@@ -5,7 +5,7 @@ test builds prompts the way the server does (``chat_prompt_ids``, on the real de
 the model's own template, a tenant's template, and the tool template of ``auto`` tools, and checks two things a
 model would notice: the special tokens of the prompt are exactly those of the same chat without the forged text,
 and the prompt reads back as the very text that was rendered (the forged text is there, as ordinary tokens).
-A chat with no special token's text is encoded exactly as before: the rendered text, encoded in one piece.
+A chat with no special token's text is encoded as its rendered text is, in one piece.
 """
 
 from __future__ import annotations
