@@ -13,6 +13,12 @@ row at layer ``l`` starts ``l * P`` elements later. The kernels take ``layer_off
 The intermediate ``v`` holds, for each token, its segment's rank blocks side by side:
 ``v[t, v_cols[s, m] : v_cols[s, m] + ranks[s, m]]``. The builder lays them out cumulatively in module
 order, so ``v``'s width is the largest total rank of one segment; nothing is padded to a global rank.
+
+The Triton kernels run one program row per *token tile*: ``TOKENS_PER_TILE`` consecutive tokens of one
+segment that reads adapter rows. ``tiles[i] = (segment, first token)`` lists them, so a step's grid is as long
+as its tiles, whatever its segments' lengths: a prefill chunk of 512 tokens beside 200 one-token decode
+segments is 232 tiles, not 201 × 32. A tile whose first token is at or past its segment's end does nothing,
+which is how a table padded to a fixed length (a CUDA graph's) fills its unused rows.
 """
 
 import dataclasses
@@ -26,6 +32,7 @@ import torch
 from loraplex_kernels.host_tensor import host_tensor
 
 SKIP = -1  # row_start_a / row_start_b of a (segment, module) that reads no adapter rows
+TOKENS_PER_TILE = 16  # tokens of one program of the Triton kernels (tl.dot needs at least 16 a side)
 
 
 class ModuleRows(NamedTuple):
@@ -59,6 +66,7 @@ class SgmvMetadata:
     ranks: torch.Tensor  # [num_segments, num_modules] int32, 0 when skipped
     v_cols: torch.Tensor  # [num_segments, num_modules] int32, first column of the rank block in v
     row_addr: torch.Tensor  # [num_rows] int64, flat element index of each row at layer 0
+    tiles: torch.Tensor  # [num_tiles, 2] int32, (segment, first token) of each token tile that reads rows
     out_dims_table: torch.Tensor  # [num_modules] int32, the same as out_dims, on the device
     out_offsets_table: torch.Tensor  # [num_modules] int32, the same as out_offsets, on the device
     in_dim: int
@@ -67,7 +75,6 @@ class SgmvMetadata:
     v_width: int  # columns of v: the largest sum of one segment's ranks
     max_rank: int  # the largest rank of any (segment, module)
     max_row_end: int  # the largest row_addr + row length over the rows read, at layer 0 (bounds check)
-    max_segment_tokens: int  # the most tokens of one segment (the Triton kernels' token-tile grid extent)
     seg_starts_list: tuple[int, ...]  # host copies of the tables above, for the CPU implementation
     row_start_a_list: tuple[tuple[int, ...], ...]
     row_start_b_list: tuple[tuple[int, ...], ...]
@@ -85,6 +92,11 @@ class SgmvMetadata:
     @property
     def num_tokens(self) -> int:
         return self.seg_starts_list[-1]
+
+    @property
+    def num_tiles(self) -> int:
+        """Token tiles: the Triton kernels' programs along their grid's x axis."""
+        return self.tiles.shape[0]
 
     @property
     def y_width(self) -> int:
@@ -190,6 +202,7 @@ def build_sgmv_metadata(
         ranks=table(ranks),  # [num_segments, num_modules]
         v_cols=table(v_cols),  # [num_segments, num_modules]
         row_addr=tensor(row_addr, torch.int64),  # [num_rows]
+        tiles=tensor(_token_tiles(seg_starts, ranks)).view(-1, 2),  # [num_tiles, 2]
         out_dims_table=tensor(out_dims),  # [num_modules]
         out_offsets_table=tensor(out_offsets),  # [num_modules]
         in_dim=in_dim,
@@ -198,7 +211,6 @@ def build_sgmv_metadata(
         v_width=v_width,
         max_rank=max(max(seg_ranks) for seg_ranks in ranks),
         max_row_end=max_row_end,
-        max_segment_tokens=max(num_tokens for num_tokens, _ in segments),
         seg_starts_list=tuple(seg_starts),
         row_start_a_list=tuple(row_start_a),
         row_start_b_list=tuple(row_start_b),
@@ -217,6 +229,7 @@ def check_sgmv_metadata(meta: SgmvMetadata, device: torch.device) -> None:
         "ranks": ((num_segments, num_modules), torch.int32),
         "v_cols": ((num_segments, num_modules), torch.int32),
         "row_addr": ((meta.row_addr.shape[0],), torch.int64),
+        "tiles": ((meta.num_tiles, 2), torch.int32),
         "out_dims_table": ((num_modules,), torch.int32),
         "out_offsets_table": ((num_modules,), torch.int32),
     }
@@ -237,9 +250,24 @@ def with_segment_tokens(meta: SgmvMetadata, num_tokens: Sequence[int]) -> SgmvMe
     return dataclasses.replace(
         meta,
         seg_starts=host_tensor(seg_starts, torch.int32),  # [num_segments + 1]
+        tiles=host_tensor(_token_tiles(seg_starts, meta.ranks_list), torch.int32).view(-1, 2),  # [num_tiles, 2]
         seg_starts_list=seg_starts,
-        max_segment_tokens=max(num_tokens),
     )
+
+
+def _token_tiles(seg_starts: Sequence[int], ranks: Sequence[Sequence[int]]) -> list[int]:
+    """``(segment, first token)`` of every token tile of the segments that read rows, flattened.
+
+    Every tile holds a token and token indices are int32, so there are fewer than 2^31: they fit the x axis of
+    a CUDA grid, where the kernels put them (y and z stop at 65,535).
+    """
+    tiles: list[int] = []
+    for s, seg_ranks in enumerate(ranks):
+        if not any(seg_ranks):
+            continue
+        for first in range(seg_starts[s], seg_starts[s + 1], TOKENS_PER_TILE):
+            tiles += (s, first)
+    return tiles
 
 
 def segment_items(meta: SgmvMetadata) -> list[int]:

@@ -10,16 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex_kernels.sgmv.lora_metadata import SgmvMetadata, check_sgmv_metadata
-from loraplex_kernels.sgmv.sgmv_shrink import check_pool, num_token_tiles
+from loraplex_kernels.sgmv.lora_metadata import TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_shrink import check_pool
 from loraplex_kernels.sgmv.sgmv_torch import sgmv_expand_torch
 from loraplex_kernels.sgmv.sgmv_torch_plan import SgmvTorchPlan
 from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side (see sgmv_shrink for why a decode
-# token still takes a 16-row tile). A rank up to 16 is one inner step, 64 four. Chosen for register
-# size, not yet tuned on a GPU.
-_TOKENS_PER_TILE = 16
+# token still takes a token tile of TOKENS_PER_TILE rows). A rank up to 16 is one inner step, 64 four. Chosen
+# for register size, not yet tuned on a GPU.
 _RANK_PER_TILE = 16
 _OUT_PER_TILE = 64  # output columns per program
 _NUM_WARPS = 4
@@ -27,9 +26,7 @@ _NUM_WARPS = 4
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-# num_token_tiles follows the step's longest segment: left generic, so one compiled kernel serves every step
-# (the runtime would otherwise build other variants for a step whose value is 1 or a multiple of 16).
-@triton.jit(do_not_specialize=["num_token_tiles"])
+@triton.jit
 def _sgmv_expand_kernel(
     v_ptr,  # [num_tokens, v_width]
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
@@ -39,11 +36,11 @@ def _sgmv_expand_kernel(
     ranks_ptr,  # [num_segments, num_modules] int32
     v_cols_ptr,  # [num_segments, num_modules] int32
     row_addr_ptr,  # [num_rows] int64
+    tiles_ptr,  # [num_tiles, 2] int32: (segment, first token) of each program along axis 0
     out_dims_ptr,  # [num_modules] int32
     out_offsets_ptr,  # [num_modules] int32
     layer_offset,  # l * P
     num_modules,
-    num_token_tiles,  # token tiles of the longest segment: programs per segment along axis 0
     stride_v,
     stride_y,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
@@ -51,15 +48,16 @@ def _sgmv_expand_kernel(
     RANK_PER_TILE: tl.constexpr,
     OUT_PER_TILE: tl.constexpr,
 ):
-    seg = tl.program_id(0) // num_token_tiles
+    tile = tiles_ptr + tl.program_id(0).to(tl.int64) * 2
+    seg = tl.load(tile)
+    tile_start = tl.load(tile + 1)
     module = tl.program_id(1)
     first_col = tl.program_id(2) * OUT_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
     out_dim = tl.load(out_dims_ptr + module)
-    tile_start = tl.load(seg_starts_ptr + seg) + (tl.program_id(0) % num_token_tiles) * TOKENS_PER_TILE
     tok_end = tl.load(seg_starts_ptr + seg + 1)
-    # skipped pairs, tiles past this module's width and token tiles past the segment's end exit at once
+    # skipped pairs, tiles past this module's width and tiles at or past the segment's end exit at once
     if (rank > 0) & (first_col < out_dim) & (tile_start < tok_end):
         row_start = tl.load(row_start_ptr + pair)
         v_col = tl.load(v_cols_ptr + pair)
@@ -98,12 +96,12 @@ def expand_launch(dtype: torch.dtype) -> TritonLaunch:
         **dict.fromkeys(("v_ptr", "storage_ptr", "y_ptr"), f"*{t}"),
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
-        **dict.fromkeys(("out_dims_ptr", "out_offsets_ptr"), "*i32"),
-        **dict.fromkeys(("layer_offset", "num_modules", "num_token_tiles", "stride_v", "stride_y"), "i32"),
+        **dict.fromkeys(("tiles_ptr", "out_dims_ptr", "out_offsets_ptr"), "*i32"),
+        **dict.fromkeys(("layer_offset", "num_modules", "stride_v", "stride_y"), "i32"),
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
-        "TOKENS_PER_TILE": _TOKENS_PER_TILE,
+        "TOKENS_PER_TILE": TOKENS_PER_TILE,
         "RANK_PER_TILE": _RANK_PER_TILE,
         "OUT_PER_TILE": _OUT_PER_TILE,
     }
@@ -116,9 +114,9 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
 
 
 def expand_grid(meta: SgmvMetadata) -> tuple[int, int, int]:
-    """The expand kernel's grid: ((segment, token tile), module, tile of OUT_PER_TILE output columns)."""
+    """The expand kernel's grid: (token tile, module, tile of OUT_PER_TILE output columns)."""
     return (
-        meta.num_segments * num_token_tiles(meta, _TOKENS_PER_TILE),
+        meta.num_tiles,
         meta.num_modules,
         triton.cdiv(max(meta.out_dims), _OUT_PER_TILE),
     )
@@ -130,13 +128,13 @@ def sgmv_expand_triton(
     """Launch the Triton kernel; see ``sgmv_expand`` for the semantics and the arguments."""
     check_expand_inputs(v, storage, meta, layer_offset, y)
     check_sgmv_metadata(meta, y.device)
-    if meta.num_tokens == 0 or meta.max_rank == 0:
+    if meta.num_tiles == 0 or meta.max_rank == 0:
         return
-    # One program per (segment, token tile, module, tile of OUT_PER_TILE output columns): each owns its
+    # One program per (token tile, module, tile of OUT_PER_TILE output columns): each owns its
     # block of y, so the read-add-write needs no atomics, and segments of different ranks share the launch
     # (the rank loop runs to each pair's own rank). Tiles past a module's width, of a skipped pair, or past
     # a segment's end return at once. The axes are laid out as in shrink, for the same reason: only axis 0,
-    # (segment, token tile), grows with the step past 65,535.
+    # the token tiles, grows with the step past 65,535.
     grid = expand_grid(meta)
     launch = expand_launch(y.dtype)
     _sgmv_expand_kernel[grid](
@@ -148,11 +146,11 @@ def sgmv_expand_triton(
         meta.ranks,
         meta.v_cols,
         meta.row_addr,
+        meta.tiles,
         meta.out_dims_table,
         meta.out_offsets_table,
         layer_offset,
         meta.num_modules,
-        num_token_tiles(meta, _TOKENS_PER_TILE),
         v.stride(0),
         y.stride(0),
         **launch.constexprs,

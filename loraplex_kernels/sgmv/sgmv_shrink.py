@@ -9,16 +9,15 @@ import torch
 import triton
 import triton.language as tl
 
-from loraplex_kernels.sgmv.lora_metadata import SgmvMetadata, check_sgmv_metadata
+from loraplex_kernels.sgmv.lora_metadata import TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
 from loraplex_kernels.sgmv.sgmv_torch import sgmv_shrink_torch
 from loraplex_kernels.sgmv.sgmv_torch_plan import SgmvTorchPlan
 from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
 
 # Tile sizes, in one place. tl.dot needs at least 16 along each side, so a decode segment (one token)
-# still takes a 16-row token tile; its padding rows are masked out of the loads, so they cost registers,
-# not memory traffic, and the kernel is bound by reading the A rows anyway. Chosen for register size,
-# not yet tuned on a GPU.
-_TOKENS_PER_TILE = 16
+# still takes a token tile of TOKENS_PER_TILE rows; its padding rows are masked out of the loads, so they cost
+# registers, not memory traffic, and the kernel is bound by reading the A rows anyway. Chosen for register
+# size, not yet tuned on a GPU.
 _RANK_PER_TILE = 16  # A rows per program: ranks 1..16 take one program, 64 take four
 _IN_PER_TILE = 64  # input columns per inner step
 _NUM_WARPS = 4
@@ -26,9 +25,7 @@ _NUM_WARPS = 4
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-# num_token_tiles follows the step's longest segment: left generic, so one compiled kernel serves every step
-# (the runtime would otherwise build other variants for a step whose value is 1 or a multiple of 16).
-@triton.jit(do_not_specialize=["num_token_tiles"])
+@triton.jit
 def _sgmv_shrink_kernel(
     x_ptr,  # [num_tokens, in_dim]
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
@@ -38,10 +35,10 @@ def _sgmv_shrink_kernel(
     ranks_ptr,  # [num_segments, num_modules] int32
     v_cols_ptr,  # [num_segments, num_modules] int32
     row_addr_ptr,  # [num_rows] int64
+    tiles_ptr,  # [num_tiles, 2] int32: (segment, first token) of each program along axis 0
     layer_offset,  # l * P
     in_dim,
     num_modules,
-    num_token_tiles,  # token tiles of the longest segment: programs per segment along axis 0
     stride_x,
     stride_v,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
@@ -49,14 +46,15 @@ def _sgmv_shrink_kernel(
     RANK_PER_TILE: tl.constexpr,
     IN_PER_TILE: tl.constexpr,
 ):
-    seg = tl.program_id(0) // num_token_tiles
+    tile = tiles_ptr + tl.program_id(0).to(tl.int64) * 2
+    seg = tl.load(tile)
+    tile_start = tl.load(tile + 1)
     module = tl.program_id(1)
     first_row = tl.program_id(2) * RANK_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
-    tile_start = tl.load(seg_starts_ptr + seg) + (tl.program_id(0) % num_token_tiles) * TOKENS_PER_TILE
     tok_end = tl.load(seg_starts_ptr + seg + 1)
-    # skipped pairs, rank tiles past this pair's rank and token tiles past the segment's end exit at once
+    # skipped pairs, rank tiles past this pair's rank and tiles at or past the segment's end exit at once
     if (first_row < rank) & (tile_start < tok_end):
         row_start = tl.load(row_start_ptr + pair)
         v_col = tl.load(v_cols_ptr + pair)
@@ -92,11 +90,12 @@ def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
         **dict.fromkeys(("x_ptr", "storage_ptr", "v_ptr"), f"*{t}"),
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
-        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "num_token_tiles", "stride_x", "stride_v"), "i32"),
+        "tiles_ptr": "*i32",
+        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "stride_x", "stride_v"), "i32"),
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
-        "TOKENS_PER_TILE": _TOKENS_PER_TILE,
+        "TOKENS_PER_TILE": TOKENS_PER_TILE,
         "RANK_PER_TILE": _RANK_PER_TILE,
         "IN_PER_TILE": _IN_PER_TILE,
     }
@@ -108,31 +107,10 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
     return tuple(shrink_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
-# CUDA's limit on a grid's x extent, where the SGMV kernels put their (segment, token tile) programs; y and z
-# stop at 65535 (see sgmv_shrink_triton for why the axes are laid out as they are).
-MAX_GRID_X = 2**31 - 1
-
-
-def num_token_tiles(meta: SgmvMetadata, tokens_per_tile: int) -> int:
-    """Tiles of ``tokens_per_tile`` tokens in the step's longest segment: the programs each segment gets on
-    the SGMV kernels' grid axis 0. Read from the host's metadata, so nothing comes back from the device.
-
-    Raises ValueError when the (segment, token tile) programs would not fit the grid's x axis.
-    """
-    tiles = triton.cdiv(meta.max_segment_tokens, tokens_per_tile)
-    if meta.num_segments * tiles > MAX_GRID_X:
-        raise ValueError(
-            f"{meta.num_segments} segments of up to {meta.max_segment_tokens} tokens need "
-            f"{meta.num_segments * tiles} programs along the grid's x axis, past CUDA's {MAX_GRID_X}: "
-            "split the step into fewer segments or shorter ones"
-        )
-    return tiles
-
-
 def shrink_grid(meta: SgmvMetadata) -> tuple[int, int, int]:
-    """The shrink kernel's grid: ((segment, token tile), module, tile of RANK_PER_TILE rows of A)."""
+    """The shrink kernel's grid: (token tile, module, tile of RANK_PER_TILE rows of A)."""
     return (
-        meta.num_segments * num_token_tiles(meta, _TOKENS_PER_TILE),
+        meta.num_tiles,
         meta.num_modules,
         triton.cdiv(meta.max_rank, _RANK_PER_TILE),
     )
@@ -143,16 +121,15 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
     check_shrink_inputs(x, storage, meta, layer_offset)
     check_sgmv_metadata(meta, x.device)
     v = torch.zeros(meta.num_tokens, meta.v_width, dtype=x.dtype, device=x.device)  # [num_tokens, v_width]
-    if meta.num_tokens == 0 or meta.max_rank == 0:
+    if meta.num_tiles == 0 or meta.max_rank == 0:
         return v
-    # One program per (segment, token tile, module, tile of RANK_PER_TILE rows of A): each reads its rows
-    # of A once and writes its own block of v, so no two programs write the same element, and a long
-    # segment (a prefill chunk) spreads over as many programs as it has token tiles. Segments of different
-    # ranks share the launch: tiles past a pair's rank return at once, as do token tiles past a segment's
-    # end (every segment gets as many as the longest one has, num_segments × its tiles in all). Axis 0
-    # holds (segment, token tile), a segment's tiles side by side so the programs reading one adapter's
-    # rows start together: that count grows with the step (a segment of 2^20 tokens alone is 65,536 tiles)
-    # and only a grid's x axis goes past 65,535; axes 1 and 2 are bounded by the model's shape.
+    # One program per (token tile, module, tile of RANK_PER_TILE rows of A): each reads its rows of A once
+    # and writes its own block of v, so no two programs write the same element, and a long segment (a
+    # prefill chunk) spreads over as many programs as it has token tiles. Segments of different ranks share
+    # the launch: tiles past a pair's rank return at once. Axis 0 holds the token tiles, a segment's side by
+    # side so the programs reading one adapter's rows start together: that count grows with the step (a
+    # segment of 2^20 tokens alone is 65,536 tiles) and only a grid's x axis goes past 65,535; axes 1 and 2
+    # are bounded by the model's shape.
     grid = shrink_grid(meta)
     launch = shrink_launch(x.dtype)
     _sgmv_shrink_kernel[grid](
@@ -164,10 +141,10 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
         meta.ranks,
         meta.v_cols,
         meta.row_addr,
+        meta.tiles,
         layer_offset,
         meta.in_dim,
         meta.num_modules,
-        num_token_tiles(meta, _TOKENS_PER_TILE),
         x.stride(0),
         v.stride(0),
         **launch.constexprs,
