@@ -149,7 +149,7 @@ class Settings:
     (LORAPLEX_NUM_SPECULATIVE_TOKENS). Outputs are the same either way; see docs/speculative-decoding.md."""
 
     cuda_graphs: bool = True
-    """On a CUDA GPU, decode steps without adapters replay CUDA graphs instead of launching each kernel from Python
+    """On a CUDA GPU, decode steps replay CUDA graphs instead of launching each kernel from Python
     (LORAPLEX_CUDA_GRAPHS=0: every step launched one kernel at a time); no effect on a CPU."""
 
     demo: bool = True

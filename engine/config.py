@@ -81,8 +81,8 @@ class EngineConfig:
     """Proposals fill a step only up to this many rows (decode rows and prefill chunks included): beyond it
     the step is compute-bound and extra rows cost more than they save, so busy steps run without."""
     cuda_graphs: bool = True
-    """On CUDA with the Triton kernels, decode steps without adapters replay a CUDA graph captured per batch-size
-    bucket instead of launching each kernel from Python (engine/step/decode_graphs.py); ignored elsewhere."""
+    """On CUDA with the Triton kernels, decode steps (with or without adapters) replay a CUDA graph captured per
+    batch-size bucket instead of launching each kernel from Python (engine/step/decode_graphs.py); ignored elsewhere."""
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 0:

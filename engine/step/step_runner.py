@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from engine.adapters.lora_batch import LoraStepMemo
 from engine.config import ModelConfig
+from engine.memory.host_to_device import move_to_device
 from engine.memory.kv_cache_manager import KVCacheManager
 from engine.memory.page_pool import PagePool
 from engine.modeling.model import LlamaModel
@@ -30,6 +31,8 @@ from engine.step.step_result import StepResult, fork_choices, prompt_scores
 from loraplex_kernels.backend import KernelBackend
 
 logger = logging.getLogger(__name__)
+
+HOST = torch.device("cpu")  # where a step's batch is built, before it moves (or a CUDA graph takes it)
 
 
 class StepRunner:
@@ -136,10 +139,11 @@ class StepRunner:
         """
         if not items:
             return StepResult()
-        batch = build_step_batch(items, self.pool, self.model_config, self.device, self.kernels, self.lora_memo)
+        batch = build_step_batch(items, self.pool, self.model_config, HOST, self.kernels, self.lora_memo)
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
             logits = self.decode_graphs.forward(batch)  # [num_sampled, vocab]
         else:
+            batch = move_to_device(batch, self.device)  # the step's tensors in one copy
             logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
         num_sampled = len(batch.sampled_seqs)
         rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)

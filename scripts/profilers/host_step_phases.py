@@ -51,6 +51,7 @@ logger = logging.getLogger("host_step_phases")
 # (owner, attribute, phase): functions step_runner calls by name, and methods the step calls once each.
 PHASES = (
     (step_runner_module, "build_step_batch", "build"),
+    (step_runner_module, "move_to_device", "move"),  # an eager step's tensors, in one copy
     (step_runner_module, "build_sampling_batch", "sampling_batch"),
     (step_runner_module, "sample", "sample"),
     (step_runner_module, "accept", "accept"),
@@ -106,16 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.cuda else torch.float32
     tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
     folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
-    engine = Engine(EngineConfig(
-        model=str(folder), device="cuda" if args.cuda else "cpu", dtype="bfloat16" if args.cuda else "float32",
-        max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS), num_speculative_tokens=0,
-        num_threads=None if args.cuda else 1,
-    ))
+    engine = Engine(
+        EngineConfig(
+            model=str(folder),
+            device="cuda" if args.cuda else "cpu",
+            dtype="bfloat16" if args.cuda else "float32",
+            max_num_seqs=NUM_ROWS,
+            max_num_batched_tokens=max(2048, NUM_ROWS),
+            num_speculative_tokens=0,
+            num_threads=None if args.cuda else 1,
+        )
+    )
     names = []
     if not args.base:
         for index in range(16):
-            path = write_synthetic_adapter(home / f"{shape}-r{ADAPTER_RANK}-{index}", engine.model_config,
-                                           ADAPTER_RANK, index, TARGETS)
+            path = write_synthetic_adapter(
+                home / f"{shape}-r{ADAPTER_RANK}-{index}", engine.model_config, ADAPTER_RANK, index, TARGETS
+            )
             engine.add_adapter(f"a{index}", path)
             names.append(f"a{index}")
     if not args.no_freeze:
@@ -152,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         f"gc_{kind}": [len(collections[kind]), round(sum(collections[kind]) * 1000, 1)] for kind in ("full", "young")
     }
     result = {
-        "shape": shape, "device": "cuda" if args.cuda else "cpu", "adapters": len(names), "rows": NUM_ROWS,
+        "shape": shape,
+        "device": "cuda" if args.cuda else "cpu",
+        "adapters": len(names),
+        "rows": NUM_ROWS,
         **dict(sorted(result.items(), key=lambda kv: -kv[1])),
         **gc_counts,
     }

@@ -62,6 +62,7 @@ CPU_DTYPES = ("float32", "float16")  # the interpreter's tl.dot multiplies bf16 
 TEST_FILES = (
     "tests/engine/test_triton_engine.py",
     "tests/engine/test_decode_graphs.py",
+    "tests/engine/test_graph_lora.py",
     "tests/engine/test_cuda_paths_sizing.py",
     "tests/engine/test_cuda_paths_staging.py",
     "tests/engine/test_cuda_paths_upload.py",

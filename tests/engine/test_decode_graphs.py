@@ -19,6 +19,7 @@ from engine import Engine, SamplingParams
 from engine.memory.page_pool import OwnerKind
 from engine.step.decode_graphs import GRAPH_BUCKETS, DecodeGraphs, bucket_rows
 from tests.engine.conftest import check_invariants, make_engine
+from tests.engine.lora_helpers import make_peft_adapter
 
 ON_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "0"
 MAX_NUM_SEQS = 8
@@ -42,15 +43,23 @@ def _engine(folder: Path, graphs: bool) -> tuple[Engine, DecodeGraphs | None]:
     return engine, runner.decode_graphs
 
 
-def _generate(engine: Engine, prompts: list[list[int]]) -> dict[str, tuple]:
-    """Each request's tokens and logprobs; the last LATE requests join after the first decode step."""
+def _generate(
+    engine: Engine,
+    prompts: list[list[int]],
+    adapters: tuple[str | None, ...] = (),
+    max_tokens: tuple[int, ...] = MAX_TOKENS,
+    late: int = LATE,
+) -> dict[str, tuple]:
+    """Each request's tokens and logprobs; the last ``late`` requests join after the first decode step. Request
+    ``i`` asks ``max_tokens[i]`` tokens of adapter ``adapters[i]`` (None or past the tuple: the base model)."""
     finals: dict[str, tuple] = {}
 
     def add(index: int) -> None:
-        params = SamplingParams(max_tokens=MAX_TOKENS[index], temperature=0.0, ignore_eos=True, logprobs=2)
-        engine.add_request(prompts[index], params, request_id=str(index))
+        params = SamplingParams(max_tokens=max_tokens[index], temperature=0.0, ignore_eos=True, logprobs=2)
+        adapter = adapters[index] if index < len(adapters) else None
+        engine.add_request(prompts[index], params, request_id=str(index), adapter=adapter)
 
-    for index in range(len(prompts) - LATE):
+    for index in range(len(prompts) - late):
         add(index)
     steps = 0
     while engine.has_unfinished_requests():
@@ -63,14 +72,26 @@ def _generate(engine: Engine, prompts: list[list[int]]) -> dict[str, tuple]:
         check_invariants(engine)
         steps += 1
         if steps == 2:
-            for index in range(len(prompts) - LATE, len(prompts)):
+            for index in range(len(prompts) - late, len(prompts)):
                 add(index)
     return finals
 
 
-def _prompts(engine: Engine) -> list[list[int]]:
+def _prompts(engine: Engine, count: int = len(MAX_TOKENS)) -> list[list[int]]:
     rng = random.Random(5)
-    return [[rng.randrange(3, engine.model_config.vocab_size) for _ in range(rng.randrange(4, 20))] for _ in MAX_TOKENS]
+    vocab = engine.model_config.vocab_size
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(4, 20))] for _ in range(count)]
+
+
+def _assert_same(got: dict[str, tuple], expected: dict[str, tuple]) -> None:
+    assert got.keys() == expected.keys()
+    for request_id, (tokens, logprobs) in expected.items():
+        got_tokens, got_logprobs = got[request_id]
+        assert got_tokens == tokens, f"request {request_id}"
+        for (token_id, logprob, top), (got_id, got_logprob, got_top) in zip(logprobs, got_logprobs, strict=True):
+            assert got_id == token_id
+            assert got_logprob == pytest.approx(logprob, abs=1e-5)
+            assert [token for token, _ in got_top] == [token for token, _ in top]
 
 
 def test_graph_steps_give_the_tokens_and_logprobs_of_eager_steps(tiny_llama: Path) -> None:
@@ -79,21 +100,53 @@ def test_graph_steps_give_the_tokens_and_logprobs_of_eager_steps(tiny_llama: Pat
     prompts = _prompts(eager)
 
     expected = _generate(eager, prompts)
-    got = _generate(graphed, prompts)
-
-    assert got.keys() == expected.keys() == {str(i) for i in range(len(MAX_TOKENS))}
-    for request_id, (tokens, logprobs) in expected.items():
-        got_tokens, got_logprobs = got[request_id]
-        assert got_tokens == tokens, f"request {request_id}"
-        for (token_id, logprob, top), (got_id, got_logprob, got_top) in zip(logprobs, got_logprobs, strict=True):
-            assert got_id == token_id
-            assert got_logprob == pytest.approx(logprob, abs=1e-5)
-            assert [token for token, _ in got_top] == [token for token, _ in top]
+    _assert_same(_generate(graphed, prompts), expected)
+    assert len(expected) == len(MAX_TOKENS)
     assert graphs.buckets == (1, 2, 4, 8), "the batch grows and shrinks through every bucket up to max_num_seqs"
     assert graphs.num_graphs == (len(graphs.buckets) if ON_CUDA else 0)
     scratch = [page for page in graphed.pool.pages if page.owner is OwnerKind.SCRATCH]
     assert len(scratch) == 1 and scratch[0].ref_count == 1
     assert graphed.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0, "every request's pages went back"
+
+
+@pytest.fixture(scope="module")
+def graph_adapters(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Four adapters of other ranks and modules: all linear at ranks 4 and 6, q/v at 8, o/down at 20 (past one
+    tile of 16 ranks, so its steps take the next rank capacity)."""
+    root = tmp_path_factory.mktemp("graph-adapters")
+    return {
+        "all": make_peft_adapter(tiny_llama, root / "all", seed=11, r=4, target_modules="all-linear"),
+        "two": make_peft_adapter(tiny_llama, root / "two", seed=14, r=6, target_modules="all-linear"),
+        "qv": make_peft_adapter(tiny_llama, root / "qv", seed=12, r=8, target_modules=["q_proj", "v_proj"]),
+        "wide": make_peft_adapter(tiny_llama, root / "wide", seed=13, r=20, target_modules=["o_proj", "down_proj"]),
+    }
+
+
+def test_graph_steps_with_adapters_give_the_tokens_and_logprobs_of_eager_steps(
+    tiny_llama: Path, graph_adapters: dict[str, Path]
+) -> None:
+    """Adapters and base rows mixed, the runs changing as requests join and end (between steps of one bucket and
+    capacity too, whose runs then start at other rows and number fewer tiles): every step's SGMV tables go into
+    its graph's padded ones, and each token and logprob is the eager engine's."""
+    engines = [_engine(tiny_llama, graphs=False)[0], *_engine(tiny_llama, graphs=True)]
+    eager, graphed, graphs = engines
+    for engine in eager, graphed:
+        for name, folder in graph_adapters.items():
+            engine.add_adapter(name, folder)
+    adapters = ("all", "qv", None, "two", "wide", "all", "qv", "two")
+    max_tokens = (12, 5, 10, 7, 3, 11, 9, 6)  # all join at once, then leave one by one
+    prompts = _prompts(eager, len(adapters))
+
+    expected = _generate(eager, prompts, adapters, max_tokens, late=0)
+    got = _generate(graphed, prompts, adapters, max_tokens, late=0)
+
+    _assert_same(got, expected)
+    assert len(expected) == len(adapters)
+    assert expected != _generate(eager, prompts, (), max_tokens, late=0), "the adapters change the answers"
+    capacities = [capacity for _, capacity in graphs.keys if capacity is not None]
+    assert {capacity.rank for capacity in capacities} == {16, 32}, "rank 20 rounds up to 32"
+    assert ("qkv", "o", "gate_up", "down") in [capacity.groups for capacity in capacities]
+    assert graphs.num_graphs == (len(graphs.keys) if ON_CUDA else 0)
 
 
 def test_a_step_the_graphs_cannot_take_runs_eagerly(tiny_llama: Path) -> None:

@@ -1,0 +1,46 @@
+"""Tensors that a CUDA graph reads, written on the host and moved to the device in one copy.
+
+A CUDA graph reads its inputs at the addresses it was captured with, so a step's inputs go into the same
+device tensors every step. A :class:`DeviceMirror` lays out named tensors in one device buffer and the same
+layout in one pinned host buffer: a step writes the host views (torch copies on the host, no kernel launch)
+and :meth:`DeviceMirror.upload` moves the whole buffer with one non-blocking copy, queued before the graph's
+replay on the same stream. On a CPU the two buffers are one and ``upload`` does nothing.
+
+The host buffer is written again only at the next step, after the engine read the step's sampled tokens
+back, which waits for everything queued before them, the copy included.
+"""
+
+import itertools
+
+import torch
+
+from engine.memory.host_to_device import ALIGN_BYTES
+
+FieldSpec = tuple[tuple[int, ...], torch.dtype]  # a tensor's shape and dtype
+
+
+class DeviceMirror:
+    """Named tensors in one device buffer (``device``) and their host twins (``host``), zero at first."""
+
+    def __init__(self, fields: dict[str, FieldSpec], device: torch.device):
+        sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in fields.values()]
+        starts = list(itertools.accumulate((-(-size // ALIGN_BYTES) * ALIGN_BYTES for size in sizes), initial=0))
+        self._device_buffer = torch.zeros(starts[-1], dtype=torch.uint8, device=device)  # [num_bytes]
+        on_cpu = device.type == "cpu"
+        self._host_buffer = (
+            self._device_buffer if on_cpu else torch.zeros(starts[-1], dtype=torch.uint8, pin_memory=True)
+        )  # [num_bytes]
+
+        def views(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {
+                name: buffer[start : start + size].view(dtype).view(shape)
+                for (name, (shape, dtype)), start, size in zip(fields.items(), starts, sizes, strict=False)
+            }
+
+        self.device = views(self._device_buffer)
+        self.host = views(self._host_buffer)
+
+    def upload(self) -> None:
+        """Queue the copy of every host view to its device twin (nothing on a CPU)."""
+        if self._host_buffer is not self._device_buffer:
+            self._device_buffer.copy_(self._host_buffer, non_blocking=True)
