@@ -8,8 +8,9 @@ adapter, then each request naming one of 16 (then 64) synthetic adapters of rank
 round robin. Reported:
 
 - ``tok_s_base``, ``tok_s_16``, ``tok_s_64``: output tokens per second over the whole workload;
-  ``cuda_graphs``: whether decode steps without adapters replayed CUDA graphs (engine/step/decode_graphs.py),
-  and then ``tok_s_base_eager`` / ``step_ms_base_eager``: the base workload once more without them;
+  ``cuda_graphs``: whether decode steps replayed CUDA graphs (engine/step/decode_graphs.py), and then
+  ``tok_s_base_eager`` / ``step_ms_base_eager`` and ``tok_s_16_eager`` / ``step_ms_16_eager``: the base and
+  16-adapter workloads once more without them;
 - ``step_ms_base`` / ``step_ms_16``: the median wall time of a decode step at 256 rows (every running
   sequence decoding, nothing else in the step); ``busy_ms_base`` / ``busy_ms_16``: the device's busy time
   inside one such step (torch.profiler: the union of its kernels' intervals), CUDA only;
@@ -246,11 +247,18 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_folder = args.tokenizer_dir or resolve_model(settings.model, settings.home)
     folder = write_random_model(home / shape, shape, tokenizer_folder, dtype)
 
-    engine = Engine(EngineConfig(
-        model=str(folder), device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-        kernels=args.kernels, max_num_seqs=NUM_ROWS, max_num_batched_tokens=max(2048, NUM_ROWS),
-        num_speculative_tokens=0, num_threads=args.threads or (1 if args.quick else None),
-    ))
+    engine = Engine(
+        EngineConfig(
+            model=str(folder),
+            device="cuda" if cuda else "cpu",
+            dtype="bfloat16" if cuda else "float32",
+            kernels=args.kernels,
+            max_num_seqs=NUM_ROWS,
+            max_num_batched_tokens=max(2048, NUM_ROWS),
+            num_speculative_tokens=0,
+            num_threads=args.threads or (1 if args.quick else None),
+        )
+    )
     cfg = engine.model_config
     adapter_paths = [
         write_synthetic_adapter(home / f"{shape}-r{ADAPTER_RANK}-{index}", cfg, ADAPTER_RANK, index, TARGETS)
@@ -264,13 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     run_workload(engine, prompts[:8], 4, names[:2])  # warm-up: every op once, with and without adapters
     freeze_startup_heap()  # as a worker process or a Ray replica does once its engine is built
 
-    graphs = engine._runner.decode_graphs  # on CUDA: the base workload runs once more without them
+    graphs = engine._runner.decode_graphs  # on CUDA: the base and 16-adapter workloads run once more without them
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
     result["cuda_graphs"] = graphs is not None
     workloads = (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ())
-    workloads += (("base_eager", []),) if graphs is not None else ()
+    workloads += (("base_eager", []), ("16_eager", names[:16])) if graphs is not None else ()
     for label, used in workloads:
-        engine._runner.decode_graphs = None if label == "base_eager" else graphs
+        engine._runner.decode_graphs = None if label.endswith("_eager") else graphs
         tok_s, timer = run_workload(engine, prompts, output_len, used)
         result[f"tok_s_{label}"] = round(tok_s, 1)
         if timer.step_s:
