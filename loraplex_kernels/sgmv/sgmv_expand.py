@@ -1,7 +1,9 @@
 """SGMV expand: add each segment's rank block times its adapter's Bᵀ rows into y (Punica's expand).
 
 One launch serves a module group (q/k/v, or gate/up) of every segment, whatever the segments' ranks;
-each module adds into its own columns of the group's fused output.
+each module adds into its own columns of the group's fused output. The kernel reads the shrink's fp32 partial
+sums (one per slice of the input columns, see sgmv_shrink) and adds them in slice order, rounding ``v`` to
+``y``'s dtype as a stored ``v`` would be: the engine's shrink and expand pass no ``v`` between them.
 """
 
 import functools
@@ -26,9 +28,10 @@ _NUM_WARPS = 4
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# num_splits is left generic: one compiled kernel serves every model shape.
+@triton.jit(do_not_specialize=["num_splits"])
 def _sgmv_expand_kernel(
-    v_ptr,  # [num_tokens, v_width]
+    v_ptr,  # [num_splits, num_tokens, v_width] fp32: the shrink's partial sums
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
     y_ptr,  # [num_tokens, y_width], added to in place
     seg_starts_ptr,  # [num_segments + 1] int32
@@ -41,7 +44,9 @@ def _sgmv_expand_kernel(
     out_offsets_ptr,  # [num_modules] int32
     layer_offset,  # l * P
     num_modules,
+    num_splits,
     stride_v,
+    stride_split,
     stride_y,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
     TOKENS_PER_TILE: tl.constexpr,
@@ -74,9 +79,13 @@ def _sgmv_expand_kernel(
         for j_start in range(0, rank, RANK_PER_TILE):
             j = j_start + r  # [RANK_PER_TILE] rows of Bᵀ
             j_mask = j < rank  # [RANK_PER_TILE]
-            vs = tl.load(
-                v_rows + j[None, :], mask=t_mask[:, None] & j_mask[None, :], other=0.0
-            )  # [TOKENS_PER_TILE, RANK_PER_TILE]
+            v_mask = t_mask[:, None] & j_mask[None, :]  # [TOKENS_PER_TILE, RANK_PER_TILE]
+            v_sum = tl.zeros([TOKENS_PER_TILE, RANK_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, RANK_PER_TILE]
+            split_rows = v_rows  # [TOKENS_PER_TILE, 1], the rows in slice 0, then 1, ...
+            for _ in range(0, num_splits):
+                v_sum += tl.load(split_rows + j[None, :], mask=v_mask, other=0.0)
+                split_rows += stride_split
+            vs = v_sum.to(y_ptr.dtype.element_ty)  # [TOKENS_PER_TILE, RANK_PER_TILE], v as y's dtype holds it
             addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK] i64
             b = tl.load(
                 storage_ptr + addr[:, None] + o[None, :], mask=j_mask[:, None] & o_mask[None, :], other=0.0
@@ -93,11 +102,12 @@ def expand_launch(dtype: torch.dtype) -> TritonLaunch:
     """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_expand_triton`` launches it."""
     t = triton_type(dtype)
     arg_types = {
-        **dict.fromkeys(("v_ptr", "storage_ptr", "y_ptr"), f"*{t}"),
+        "v_ptr": "*fp32",
+        **dict.fromkeys(("storage_ptr", "y_ptr"), f"*{t}"),
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
         **dict.fromkeys(("tiles_ptr", "out_dims_ptr", "out_offsets_ptr"), "*i32"),
-        **dict.fromkeys(("layer_offset", "num_modules", "stride_v", "stride_y"), "i32"),
+        **dict.fromkeys(("layer_offset", "num_modules", "num_splits", "stride_v", "stride_split", "stride_y"), "i32"),
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
@@ -127,6 +137,21 @@ def sgmv_expand_triton(
 ) -> None:
     """Launch the Triton kernel; see ``sgmv_expand`` for the semantics and the arguments."""
     check_expand_inputs(v, storage, meta, layer_offset, y)
+    expand_partials(v.float().unsqueeze(0), storage, meta, layer_offset, y)  # v as the one slice of its sums
+
+
+def expand_partials(
+    partials: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, y: torch.Tensor
+) -> None:
+    """Add ``v @ Bᵀ`` into ``y`` as ``sgmv_expand`` does, ``v`` given as the shrink's partial sums
+    ([num_splits, num_tokens, v_width] fp32, from ``shrink_partials``), added in slice order."""
+    if partials.dtype != torch.float32 or partials.dim() != 3 or partials.shape[1:] != (meta.num_tokens, meta.v_width):
+        raise ValueError(
+            f"partials must be fp32 [num_splits, {meta.num_tokens}, {meta.v_width}], "
+            f"got {partials.dtype} {tuple(partials.shape)}"
+        )
+    check_output(y, meta)
+    check_pool(storage, meta, layer_offset, y)
     check_sgmv_metadata(meta, y.device)
     if meta.num_tiles == 0 or meta.max_rank == 0:
         return
@@ -135,10 +160,9 @@ def sgmv_expand_triton(
     # (the rank loop runs to each pair's own rank). Tiles past a module's width, of a skipped pair, or past
     # a segment's end return at once. The axes are laid out as in shrink, for the same reason: only axis 0,
     # the token tiles, grows with the step past 65,535.
-    grid = expand_grid(meta)
     launch = expand_launch(y.dtype)
-    _sgmv_expand_kernel[grid](
-        v,
+    _sgmv_expand_kernel[expand_grid(meta)](
+        partials,
         storage,
         y,
         meta.seg_starts,
@@ -151,7 +175,9 @@ def sgmv_expand_triton(
         meta.out_offsets_table,
         layer_offset,
         meta.num_modules,
-        v.stride(0),
+        partials.shape[0],
+        partials.stride(1),
+        partials.stride(0),
         y.stride(0),
         **launch.constexprs,
         num_warps=launch.num_warps,

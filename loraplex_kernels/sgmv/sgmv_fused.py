@@ -1,17 +1,18 @@
 """SGMV shrink then expand in one call, ``y += (x @ Aᵀ) @ Bᵀ`` per segment: what the engine runs per layer
-and module group. The Triton backend launches the two Triton kernels in turn; the native one the C++ op
-(one call reading the pool in place, see :mod:`loraplex_kernels.sgmv.sgmv_fused_native`); the torch one a fused torch
-pass, which needs no intermediate ``v`` in the separate ops' layout and so makes a few calls per layer
-instead of one per batch of equal rank (see :mod:`loraplex_kernels.sgmv.sgmv_fused_torch`)."""
+and module group. The Triton backend launches the two Triton kernels in turn, the shrink's fp32 partial sums
+passed straight to the expand; the native one the C++ op (one call reading the pool in place, see
+:mod:`loraplex_kernels.sgmv.sgmv_fused_native`); the torch one a fused torch pass, which needs no intermediate
+``v`` in the separate ops' layout and so makes a few calls per layer instead of one per batch of equal rank
+(see :mod:`loraplex_kernels.sgmv.sgmv_fused_torch`)."""
 
 import torch
 
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.sgmv.lora_metadata import SgmvMetadata
-from loraplex_kernels.sgmv.sgmv_expand import check_output, sgmv_expand_triton
+from loraplex_kernels.sgmv.sgmv_expand import check_output, expand_partials
 from loraplex_kernels.sgmv.sgmv_fused_native import NATIVE_STORAGE_DTYPES, SgmvNativePlan, sgmv_fused_native
 from loraplex_kernels.sgmv.sgmv_fused_torch import SgmvFusedPlan, sgmv_fused_torch
-from loraplex_kernels.sgmv.sgmv_shrink import check_shrink_inputs, sgmv_shrink_triton
+from loraplex_kernels.sgmv.sgmv_shrink import check_shrink_inputs, shrink_partials
 
 
 def sgmv_fused(
@@ -38,14 +39,15 @@ def sgmv_fused(
 
     Semantics: ``sgmv_expand(sgmv_shrink(x, storage, meta, layer_offset), storage, meta, layer_offset, y)``.
     """
+    if y.dtype != x.dtype:
+        raise ValueError(f"y is {y.dtype}, need x's {x.dtype}")
     if backend is KernelBackend.TRITON:
-        sgmv_expand_triton(sgmv_shrink_triton(x, storage, meta, layer_offset), storage, meta, layer_offset, y)
+        partials = shrink_partials(x, storage, meta, layer_offset, zeroed=False)  # [num_splits, num_tokens, v_width]
+        expand_partials(partials, storage, meta, layer_offset, y)
         return
     native = backend is KernelBackend.NATIVE
     check_shrink_inputs(x, storage, meta, layer_offset, NATIVE_STORAGE_DTYPES if native else None)
     check_output(y, meta)
-    if y.dtype != x.dtype:
-        raise ValueError(f"y is {y.dtype}, need x's {x.dtype}")
     if native:
         if plan is not None and not isinstance(plan, SgmvNativePlan):
             raise ValueError("the native backend takes a plan from plan_sgmv_native")

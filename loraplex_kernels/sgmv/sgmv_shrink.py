@@ -1,6 +1,12 @@
 """SGMV shrink: each segment's tokens times its adapter's A rows, read from the page pool (Punica's shrink).
 
-One launch serves a module group (q/k/v, or gate/up) of every segment, whatever the segments' ranks.
+One launch serves a module group (q/k/v, or gate/up) of every segment, whatever the segments' ranks. The
+input columns are split into slices of about ``IN_PER_SPLIT`` (split-K), each a program of its own that
+writes an fp32 partial sum: a decode step has few token tiles (one per adapter) and a rank of 16 is one
+tile, so without the split a group's launch would be a few dozen programs, each walking the whole input
+width (8,192 columns for a down projection) alone. The slices follow ``in_dim`` only, and the partial sums
+are added in slice order (here, or by the expand kernel as it reads them), so a token's result does not
+depend on the rest of the step.
 """
 
 import functools
@@ -20,16 +26,18 @@ from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_lau
 # size, not yet tuned on a GPU.
 _RANK_PER_TILE = 16  # A rows per program: ranks 1..16 take one program, 64 take four
 _IN_PER_TILE = 64  # input columns per inner step
+IN_PER_SPLIT = 512  # input columns per program, about: in_dim 2,048 is four slices, 8,192 sixteen
 _NUM_WARPS = 4
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# num_rank_tiles and in_per_split are left generic: one compiled kernel serves every step and model shape.
+@triton.jit(do_not_specialize=["num_rank_tiles", "in_per_split"])
 def _sgmv_shrink_kernel(
     x_ptr,  # [num_tokens, in_dim]
     storage_ptr,  # [num_pages * num_layers * P], the pool flattened
-    v_ptr,  # [num_tokens, v_width], zero-filled
+    v_ptr,  # [num_splits, num_tokens, v_width] fp32: each slice's partial sums
     seg_starts_ptr,  # [num_segments + 1] int32
     row_start_ptr,  # [num_segments, num_modules] int32
     ranks_ptr,  # [num_segments, num_modules] int32
@@ -38,9 +46,12 @@ def _sgmv_shrink_kernel(
     tiles_ptr,  # [num_tiles, 2] int32: (segment, first token) of each program along axis 0
     layer_offset,  # l * P
     in_dim,
+    in_per_split,  # input columns of a slice (the last may be narrower)
     num_modules,
+    num_rank_tiles,  # tiles of RANK_PER_TILE rows in the largest rank: axis 2 is (slice, rank tile)
     stride_x,
     stride_v,
+    stride_split,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (tf32 would miss 1e-4), ignored for bf16/fp16
     TOKENS_PER_TILE: tl.constexpr,
     RANK_PER_TILE: tl.constexpr,
@@ -50,7 +61,8 @@ def _sgmv_shrink_kernel(
     seg = tl.load(tile)
     tile_start = tl.load(tile + 1)
     module = tl.program_id(1)
-    first_row = tl.program_id(2) * RANK_PER_TILE
+    split = tl.program_id(2) // num_rank_tiles
+    first_row = (tl.program_id(2) % num_rank_tiles) * RANK_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
     tok_end = tl.load(seg_starts_ptr + seg + 1)
@@ -65,12 +77,14 @@ def _sgmv_shrink_kernel(
         tok = tile_start + tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
         t_mask = tok < tok_end  # [TOKENS_PER_TILE]
         k = tl.arange(0, IN_PER_TILE)  # [IN_PER_TILE]
+        k_begin = split * in_per_split
+        k_end = tl.minimum(k_begin + in_per_split, in_dim)
 
         x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x  # [TOKENS_PER_TILE, 1]
         acc = tl.zeros([TOKENS_PER_TILE, RANK_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, RANK_PER_TILE]
-        for k_start in range(0, in_dim, IN_PER_TILE):
+        for k_start in range(k_begin, k_end, IN_PER_TILE):
             kk = k_start + k  # [IN_PER_TILE]
-            k_mask = kk < in_dim  # [IN_PER_TILE]
+            k_mask = kk < k_end  # [IN_PER_TILE]
             xs = tl.load(
                 x_rows + kk[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0
             )  # [TOKENS_PER_TILE, IN_PER_TILE]
@@ -78,8 +92,8 @@ def _sgmv_shrink_kernel(
                 storage_ptr + addr[None, :] + kk[:, None], mask=k_mask[:, None] & j_mask[None, :], other=0.0
             )  # [IN_PER_TILE, RANK_PER_TILE], A's rows as columns
             acc = tl.dot(xs, a, acc, input_precision=DOT_PRECISION)  # [TOKENS_PER_TILE, RANK_PER_TILE]
-        v_ptrs = v_ptr + tok.to(tl.int64)[:, None] * stride_v + (v_col + j)[None, :]  # [TOKENS, RANK]
-        tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=t_mask[:, None] & j_mask[None, :])
+        v_rows = v_ptr + split.to(tl.int64) * stride_split + tok.to(tl.int64)[:, None] * stride_v  # [TOKENS, 1]
+        tl.store(v_rows + (v_col + j)[None, :], acc, mask=t_mask[:, None] & j_mask[None, :])  # [TOKENS, RANK]
 
 
 @functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
@@ -87,11 +101,16 @@ def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
     """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_shrink_triton`` launches it."""
     t = triton_type(dtype)
     arg_types = {
-        **dict.fromkeys(("x_ptr", "storage_ptr", "v_ptr"), f"*{t}"),
+        **dict.fromkeys(("x_ptr", "storage_ptr"), f"*{t}"),
+        "v_ptr": "*fp32",
         **dict.fromkeys(("seg_starts_ptr", "row_start_ptr", "ranks_ptr", "v_cols_ptr"), "*i32"),
         "row_addr_ptr": "*i64",
         "tiles_ptr": "*i32",
-        **dict.fromkeys(("layer_offset", "in_dim", "num_modules", "stride_x", "stride_v"), "i32"),
+        **dict.fromkeys(
+            ("layer_offset", "in_dim", "in_per_split", "num_modules", "num_rank_tiles", "stride_x", "stride_v"),
+            "i32",
+        ),
+        "stride_split": "i32",
     }
     constexprs = {
         "DOT_PRECISION": dot_precision(dtype),
@@ -107,35 +126,49 @@ def triton_launches() -> tuple[TritonLaunch, ...]:
     return tuple(shrink_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
-def shrink_grid(meta: SgmvMetadata) -> tuple[int, int, int]:
-    """The shrink kernel's grid: (token tile, module, tile of RANK_PER_TILE rows of A)."""
-    return (
-        meta.num_tiles,
-        meta.num_modules,
-        triton.cdiv(meta.max_rank, _RANK_PER_TILE),
-    )
+def split_columns(in_dim: int, in_per_split: int = IN_PER_SPLIT) -> int:
+    """Input columns per slice: ``in_dim`` cut into ``ceil(in_dim / in_per_split)`` slices of near-equal width
+    (SmolLM2's 576 into 288 and 288, not 512 and 64)."""
+    return triton.cdiv(in_dim, triton.cdiv(in_dim, in_per_split))
 
 
-def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int) -> torch.Tensor:
-    """Launch the Triton kernel; see ``sgmv_shrink`` for the semantics and the arguments."""
+def shrink_grid(meta: SgmvMetadata, in_per_split: int = IN_PER_SPLIT) -> tuple[int, int, int]:
+    """The shrink kernel's grid: (token tile, module, (input slice, tile of RANK_PER_TILE rows of A))."""
+    num_splits = triton.cdiv(meta.in_dim, split_columns(meta.in_dim, in_per_split))
+    return meta.num_tiles, meta.num_modules, num_splits * triton.cdiv(meta.max_rank, _RANK_PER_TILE)
+
+
+def shrink_partials(
+    x: torch.Tensor,
+    storage: torch.Tensor,
+    meta: SgmvMetadata,
+    layer_offset: int,
+    in_per_split: int = IN_PER_SPLIT,
+    zeroed: bool = True,
+) -> torch.Tensor:
+    """The shrink's partial sums, [num_splits, num_tokens, v_width] fp32, one per slice of the input columns:
+    ``v`` is their sum in slice order. ``zeroed=False`` leaves what no program writes uninitialised (the expand
+    kernel reads only what the shrink wrote)."""
     check_shrink_inputs(x, storage, meta, layer_offset)
     check_sgmv_metadata(meta, x.device)
-    v = torch.zeros(meta.num_tokens, meta.v_width, dtype=x.dtype, device=x.device)  # [num_tokens, v_width]
+    columns = split_columns(meta.in_dim, in_per_split)
+    num_splits = triton.cdiv(meta.in_dim, columns)
+    shape = (num_splits, meta.num_tokens, meta.v_width)
+    partials = (torch.zeros if zeroed else torch.empty)(shape, dtype=torch.float32, device=x.device)
     if meta.num_tiles == 0 or meta.max_rank == 0:
-        return v
-    # One program per (token tile, module, tile of RANK_PER_TILE rows of A): each reads its rows of A once
-    # and writes its own block of v, so no two programs write the same element, and a long segment (a
-    # prefill chunk) spreads over as many programs as it has token tiles. Segments of different ranks share
-    # the launch: tiles past a pair's rank return at once. Axis 0 holds the token tiles, a segment's side by
-    # side so the programs reading one adapter's rows start together: that count grows with the step (a
-    # segment of 2^20 tokens alone is 65,536 tiles) and only a grid's x axis goes past 65,535; axes 1 and 2
-    # are bounded by the model's shape.
-    grid = shrink_grid(meta)
+        return partials
+    # One program per (token tile, module, input slice, tile of RANK_PER_TILE rows of A): each reads its rows
+    # of A once over its slice and writes its own block of the slice's partial sums, so no two programs write
+    # the same element, and a long segment (a prefill chunk) spreads over as many programs as it has token
+    # tiles. Segments of different ranks share the launch: tiles past a pair's rank return at once. Axis 0
+    # holds the token tiles, a segment's side by side so the programs reading one adapter's rows start
+    # together: that count grows with the step (a segment of 2^20 tokens alone is 65,536 tiles) and only a
+    # grid's x axis goes past 65,535; axes 1 and 2 are bounded by the model's shape.
     launch = shrink_launch(x.dtype)
-    _sgmv_shrink_kernel[grid](
+    _sgmv_shrink_kernel[shrink_grid(meta, in_per_split)](
         x,
         storage,
-        v,
+        partials,
         meta.seg_starts,
         meta.row_start_a,
         meta.ranks,
@@ -144,13 +177,25 @@ def sgmv_shrink_triton(x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadat
         meta.tiles,
         layer_offset,
         meta.in_dim,
+        columns,
         meta.num_modules,
+        triton.cdiv(meta.max_rank, _RANK_PER_TILE),
         x.stride(0),
-        v.stride(0),
+        partials.stride(1),
+        partials.stride(0),
         **launch.constexprs,
         num_warps=launch.num_warps,
     )
-    return v
+    return partials
+
+
+def sgmv_shrink_triton(
+    x: torch.Tensor, storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int, in_per_split: int = IN_PER_SPLIT
+) -> torch.Tensor:
+    """Launch the Triton kernel; see ``sgmv_shrink`` for the semantics and the arguments (``in_per_split``: the
+    input columns of a program, about)."""
+    partials = shrink_partials(x, storage, meta, layer_offset, in_per_split)  # [num_splits, num_tokens, v_width]
+    return partials.sum(0).to(x.dtype)  # [num_tokens, v_width]
 
 
 def check_shrink_inputs(

@@ -42,8 +42,8 @@ ADAPTERS = {"r4": dict(r=4, target_modules="all-linear"), "r8": dict(r=8, target
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 LAUNCHERS = {
     "attention": (loraplex_kernels.attention.paged_attention, "paged_attention_triton"),
-    "sgmv_shrink": (loraplex_kernels.sgmv.sgmv_fused, "sgmv_shrink_triton"),
-    "sgmv_expand": (loraplex_kernels.sgmv.sgmv_fused, "sgmv_expand_triton"),
+    "sgmv_shrink": (loraplex_kernels.sgmv.sgmv_fused, "shrink_partials"),
+    "sgmv_expand": (loraplex_kernels.sgmv.sgmv_fused, "expand_partials"),
     # The launcher plans prefill tiles itself only when the step did not: in the engine, never.
     "tiles_planned_per_layer": (loraplex_kernels.attention.paged_attention, "plan_prefill_tiles"),
 }

@@ -16,7 +16,7 @@ from loraplex_kernels.sgmv.lora_metadata import (
     with_segment_tokens,
 )
 from loraplex_kernels.sgmv.sgmv_expand import expand_grid, sgmv_expand, sgmv_expand_triton
-from loraplex_kernels.sgmv.sgmv_shrink import sgmv_shrink, sgmv_shrink_triton, shrink_grid
+from loraplex_kernels.sgmv.sgmv_shrink import sgmv_shrink, sgmv_shrink_triton, shrink_grid, shrink_partials
 from loraplex_kernels.sgmv.sgmv_torch import sgmv_expand_torch, sgmv_shrink_torch
 from loraplex_kernels.sgmv.sgmv_torch_plan import MAX_SHORT_LEN, plan_sgmv_torch
 
@@ -345,6 +345,24 @@ def test_segments_longer_than_a_token_tile_match_float64_reference(dtype: torch.
     # only segments with an adapter have tiles: 17, 1, 40, 15 and 16 tokens make 2 + 1 + 3 + 1 + 1
     assert shrink_grid(case.meta)[0] == expand_grid(case.meta)[0] == 8
     check_both_ops(case, seed, tol, triton=dtype is not torch.bfloat16)
+
+
+@pytest.mark.parametrize(("in_per_split", "num_splits"), [(16, {48: 3, 33: 3, 64: 4}), (20, {48: 3, 33: 2, 64: 4})])
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_input_columns_in_slices_match_float64_reference(group: str, in_per_split: int, num_splits: dict, seed: int):
+    """Split-K: the input columns cut into slices of near-equal width (48 into 16 + 16 + 16 or 3 × 16; 33 into
+    11 × 3 or 17 + 16), a program per slice writing fp32 partial sums whose sum is v."""
+    case = make_case(group, [7, 16, 64], "skewed", num_tokens=40, dtype=torch.float32, seed=seed)
+    layer_offset = LAYER * PAGE_SIZE
+    in_dim = case.meta.in_dim
+    partials = shrink_partials(case.x, case.storage, case.meta, layer_offset, in_per_split)
+    assert partials.shape == (num_splits[in_dim], case.meta.num_tokens, case.meta.v_width)
+    rank_tiles = -(-case.meta.max_rank // 16)
+    assert shrink_grid(case.meta, in_per_split)[2] == num_splits[in_dim] * rank_tiles
+    v = sgmv_shrink_triton(case.x, case.storage, case.meta, layer_offset, in_per_split)
+    assert_close(v.double(), reference_shrink(case, LAYER), 1e-4, seed)
+    v_mask, _ = written(case)
+    assert partials[:, v_mask].abs().sum(0).gt(0).all(), "every slice adds to every element of v it owns"
 
 
 def test_recounted_segments_take_their_new_token_tiles(seed: int):

@@ -7,9 +7,12 @@ import random
 import pytest
 import torch
 
+from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.sgmv.lora_metadata import build_sgmv_metadata
+from loraplex_kernels.sgmv.sgmv_expand import expand_partials
 from loraplex_kernels.sgmv.sgmv_fused import sgmv_fused
 from loraplex_kernels.sgmv.sgmv_fused_torch import MAX_DENSE_ITEMS, plan_sgmv_fused_torch, sgmv_fused_torch
+from loraplex_kernels.sgmv.sgmv_shrink import shrink_partials
 from loraplex_kernels.sgmv.sgmv_torch_plan import MAX_SHORT_LEN
 from tests.kernels.test_sgmv import (
     GROUPS,
@@ -56,6 +59,25 @@ def check_fused(case: Case, seed: int, tol: float = 1e-4, layer: int = LAYER) ->
         run(y)
         assert_close(y.double(), expected, tol, seed)
         assert torch.equal(y[~y_mask], case.y[~y_mask]), f"touched rows it does not own, seed={seed}"
+
+
+@pytest.mark.parametrize("in_per_split", [None, 16, 20])
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_triton_shrink_partials_into_expand_match_float64_reference(group: str, in_per_split: int | None, seed: int):
+    """The Triton backend's fused op: the shrink's fp32 partial sums (left uninitialised where no program
+    writes) read by the expand, in one slice (the dispatcher) and in several."""
+    case = make_case(group, [7, 16, 64], "skewed", num_tokens=40, dtype=torch.float32, seed=seed)
+    _, y_mask = written(case)
+    layer_offset = LAYER * PAGE_SIZE
+    y = case.y.clone()
+    if in_per_split is None:
+        sgmv_fused(case.x, case.storage, case.meta, layer_offset, y, backend=KernelBackend.TRITON)
+    else:
+        partials = shrink_partials(case.x, case.storage, case.meta, layer_offset, in_per_split, zeroed=False)
+        partials[:, ~written(case)[0]] = float("nan")  # what no program writes must never be read
+        expand_partials(partials, case.storage, case.meta, layer_offset, y)
+    assert_close(y.double(), reference_fused(case, LAYER), 1e-4, seed)
+    assert torch.equal(y[~y_mask], case.y[~y_mask]), f"touched rows it does not own, seed={seed}"
 
 
 @pytest.mark.parametrize("popularity", POPULARITY)
