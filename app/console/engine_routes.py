@@ -1,4 +1,5 @@
-"""The engine page: each worker's page pool (KV, prefix cache, adapters, free) and its running and waiting requests."""
+"""The engine page: each worker's page pool (KV, prefix cache, adapters, CUDA graphs' scratch page where there is
+one, free) and its running and waiting requests."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from engine import EngineStats
 logger = logging.getLogger(__name__)
 
 POOL_OWNERS = (("kv", "KV of running requests"), ("prefix_cache", "Prefix cache"), ("adapter", "Adapters"))
+# Owners listed only where a worker has pages of theirs: the one page CUDA graphs' padding rows write (GPU only).
+OPTIONAL_OWNERS = (("scratch", "Scratch (CUDA graphs)"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +31,11 @@ def worker_view(worker: str, stats: EngineStats) -> WorkerView:
     total = max(stats.num_pages, 1)
     used = 0
     rows = []
-    for owner, label in POOL_OWNERS:
+    for owner, label in POOL_OWNERS + OPTIONAL_OWNERS:
         pages = stats.pages_by_owner.get(owner, 0)
         used += pages
-        rows.append((label, pages, 100.0 * pages / total))
+        if pages or (owner, label) in POOL_OWNERS:
+            rows.append((label, pages, 100.0 * pages / total))
     free = stats.pages_by_owner.get("free", stats.num_pages - used)
     rows.append(("Free", free, 100.0 * free / total))
     return WorkerView(worker, stats, rows)
