@@ -4,10 +4,11 @@ By default the tiny model of ``bench_gpu --quick`` (its random weights and adapt
 ``--cuda`` bench_gpu's model shape (``--shape``, llama-1b) in bf16 on the GPU. 256 requests of 16 prompt tokens
 over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode together,
 ``--steps`` steps are clocked. Each phase is a call the step makes once (scheduling, building the step's tables,
-the forward pass, building the sampler's input, sampling, accepting, applying the tokens); the report is each
-phase's median over the steps, and the step's. One clock read a call, no profiler. The garbage collector's
-passes during those steps are timed too (``gc_full``: the count and total ms of full collections, ``gc_young``
-of the others); the objects of the start are frozen first, as a worker process does, unless ``--no-freeze``.
+moving them to the device, the forward pass, building the sampler's input, sampling, accepting, applying the
+tokens); the report is each phase's median over the steps, and the step's. One clock read a call, no profiler.
+The garbage collector's passes during those steps are timed too (``gc_full``: the count and total ms of full
+collections, ``gc_young`` of the others); the objects of the start are frozen first, as a worker process does,
+unless ``--no-freeze``.
 On a GPU a phase's time is the host's: the forward pass is the time to launch its kernels (``graph_forward`` on a
 step that replays a CUDA graph: its inputs copied and the graph launched), and sampling waits for the device
 (its read of the sampled tokens is the step's one synchronisation).
