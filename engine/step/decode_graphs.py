@@ -126,7 +126,8 @@ class DecodeGraphs:
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """The logits of ``batch``'s rows, [num_rows, vocab] fp32, from its bucket's graph (recorded if new).
 
-        ``batch`` is the step built on the host: its values go to the graph's buffers in one copy.
+        ``batch`` is the step built on the host: its values go to the graph's buffers in one copy, and its adapter
+        tables in another when they are not the ones the graph holds already.
         """
         num_rows = batch.num_tokens
         rows = bucket_rows(num_rows, self._max_rows)
