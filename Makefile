@@ -43,7 +43,7 @@ test: $(STAMP) chromium
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m scripts.benchmarks.bench_engine --json
+	$(PY) -m scripts.benchmarks.engine.bench_engine --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app engine loraplex_kernels scripts tests docs/hooks

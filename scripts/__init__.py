@@ -4,7 +4,7 @@
 several kinds share).
 
 They import one another and the application by package, so they run as modules from the repository's root:
-``python -m scripts.benchmarks.bench_engine --json``.
+``python -m scripts.benchmarks.engine.bench_engine --json``.
 """
 
 from pathlib import Path

@@ -1,1 +1,1 @@
-"""Benchmarks (``bench_*``, ``load_test``) and the helpers only they use: the figures of docs/benchmarks.md."""
+"""Benchmarks and the helpers only they use, a package per subject: the figures of docs/benchmarks.md."""

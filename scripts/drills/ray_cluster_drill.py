@@ -50,8 +50,8 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
 from scripts import REPO_ROOT
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
-from scripts.benchmarks.bench_ray import registrations_by_worker
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.gateway.bench_ray import registrations_by_worker
 from scripts.common.sse_client import StreamResult, stream_request
 from scripts.drills.drill_gateways import Gateways, parent_pid
 from scripts.drills.ray_nodes import RayNode, kill_leftovers

@@ -36,7 +36,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.memory.host_memory import freeze_startup_heap
-from scripts.benchmarks.bench_gpu import (
+from scripts.benchmarks.engine.bench_gpu import (
     ADAPTER_RANK,
     NUM_ROWS,
     SHAPES,
@@ -45,7 +45,7 @@ from scripts.benchmarks.bench_gpu import (
     sync,
     write_random_model,
 )
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("host_step_phases")
 

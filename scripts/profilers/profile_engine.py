@@ -27,8 +27,8 @@ from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.adapters.lora_config import PROJECTIONS
 from engine.config import ModelConfig
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
-from scripts.benchmarks.bench_vllm_cpu import RANK, make_workload
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.peers.bench_vllm_cpu import RANK, make_workload
 
 logger = logging.getLogger("profile_engine")
 

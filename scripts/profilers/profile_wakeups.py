@@ -26,7 +26,7 @@ from dataclasses import asdict
 
 from app.model_store import resolve_model
 from app.settings import Settings
-from scripts.benchmarks.bench_http_level import Target, on_fresh_server, run_case
+from scripts.benchmarks.peers.bench_http_level import Target, on_fresh_server, run_case
 from scripts.common.load_server import LocalServer
 from scripts.common.thread_switches import GroupRates, rates, snapshot
 

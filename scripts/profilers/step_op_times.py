@@ -26,7 +26,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
-from scripts.benchmarks.bench_vllm_cpu import make_workload
+from scripts.benchmarks.peers.bench_vllm_cpu import make_workload
 
 MODEL_OPS = ("add_rms_norm", "linear", "linear_silu_mul", "rope_kv_write", "paged_attention", "silu_mul")
 STEP_OPS = ("build_step_batch", "build_sampling_batch", "sample")

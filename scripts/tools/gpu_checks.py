@@ -12,7 +12,7 @@ stopped step never stopping the next, and writes each step's output to the outpu
 - ``setup``: the wheels installed, then the Python packages' versions beside the lock's (setup.log);
 - ``op-checks``: each op of ``loraplex_kernels.op_checks`` through the Triton kernels on CUDA in fp32, fp16
   and bf16 against its torch implementation on the CPU, as ``loraplex doctor`` runs them (op_checks.log);
-- ``bench``: ``scripts.benchmarks.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
+- ``bench``: ``scripts.benchmarks.engine.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
   transformers' anchor unless --bench-hf: that part alone ran over four minutes on an H200 (PEFT's mixed
   batch at 135 tokens/s), more than the other steps leave it;
 - ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log);
@@ -110,7 +110,7 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
         python, "-m", "scripts.tools.gpu_checks", "ops", "--device", "cpu" if cpu else "cuda",
         "--dtypes", ",".join(CPU_DTYPES if cpu else CUDA_DTYPES), "--json", str(work / "op_checks.json"),
     )  # fmt: skip
-    bench = [python, "-m", "scripts.benchmarks.bench_gpu", "--json", "--tokenizer-dir", str(ROOT / TOKENIZER)]
+    bench = [python, "-m", "scripts.benchmarks.engine.bench_gpu", "--json", "--tokenizer-dir", str(ROOT / TOKENIZER)]
     bench += ["--model-dir", str(work / "bench_gpu")]
     bench += ["--quick"] if cpu else []
     bench += [] if bench_hf else ["--skip-hf"]

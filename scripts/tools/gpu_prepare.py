@@ -113,7 +113,7 @@ def copy_tokenizer(folder: Path) -> list[str]:
     """The configured model's tokenizer files and config.json (what bench_gpu reads of it) into ``folder``."""
     from app.model_store import resolve_model
     from app.settings import Settings
-    from scripts.benchmarks.bench_gpu import TOKENIZER_FILES
+    from scripts.benchmarks.engine.bench_gpu import TOKENIZER_FILES
 
     settings = Settings.from_env()
     source = resolve_model(settings.model, settings.home)

@@ -4,7 +4,14 @@ steps' third run, the native op on bf16 pages."""
 
 import pytest
 
-from scripts.benchmarks.bench_attention_cpu import HEAD_DIM, KV_ROWS, NUM_KV_HEADS, NUM_LAYERS, measure, measure_kv
+from scripts.benchmarks.kernels.bench_attention_cpu import (
+    HEAD_DIM,
+    KV_ROWS,
+    NUM_KV_HEADS,
+    NUM_LAYERS,
+    measure,
+    measure_kv,
+)
 from tests.native_required import require_native_ops
 
 CONTEXT = 64

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_reports_the_host_step_with_and_without_adapters(tmp_path: Path) -> None:
     options = ["--quick", "--json", "--skip-hf", "--output-len", "6", "--model-dir", str(tmp_path)]
     completed = subprocess.run(
-        [sys.executable, "-m", "scripts.benchmarks.bench_gpu", *options],
+        [sys.executable, "-m", "scripts.benchmarks.engine.bench_gpu", *options],
         cwd=ROOT,
         capture_output=True,
         text=True,

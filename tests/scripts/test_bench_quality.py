@@ -9,8 +9,8 @@ import pytest
 
 from app.model_store import resolve_model
 from app.settings import Settings
-from scripts.benchmarks import bench_quality
-from scripts.benchmarks.bench_quality import BOUNDS, make_adapter, run
+from scripts.benchmarks.engine import bench_quality
+from scripts.benchmarks.engine.bench_quality import BOUNDS, make_adapter, run
 
 NUM_PROMPTS = 8
 NUM_TOKENS = 64

@@ -1,4 +1,4 @@
-"""A short run of scripts/benchmarks/load_test.py on the real server and default model: no errors, every figure
+"""A short run of scripts/benchmarks/gateway/load_test.py on the real server and default model: no errors, every figure
 reported."""
 
 import json
@@ -22,7 +22,7 @@ def test_short_load_run_streams_every_request_to_done_without_errors() -> None:
         [
             sys.executable,
             "-m",
-            "scripts.benchmarks.load_test",
+            "scripts.benchmarks.gateway.load_test",
             "--clients",
             str(NUM_CLIENTS),
             "--duration",

@@ -9,8 +9,13 @@ import pytest
 @pytest.fixture(scope="module")
 def scripts() -> dict[str, object]:
     """The percentile module and the scripts that report percentiles, by their names."""
-    modules = ("common.percentiles", "benchmarks.bench_gateway", "benchmarks.load_stats", "benchmarks.bench_ray")
-    return {name.split(".")[1]: importlib.import_module(f"scripts.{name}") for name in modules}
+    modules = (
+        "common.percentiles",
+        "benchmarks.gateway.bench_gateway",
+        "benchmarks.gateway.load_stats",
+        "benchmarks.gateway.bench_ray",
+    )
+    return {name.split(".")[-1]: importlib.import_module(f"scripts.{name}") for name in modules}
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ prompts become a few ids derived from their length, and ``generate`` yields one 
 each of the request's ``n`` choices, all of them immediately (it never awaits), each choice's last one
 finishing with "length". Asked for logprobs or prompt logprobs, it gives well-formed made-up ones (every
 token equally likely among VOCAB_SIZE), so the gateway's shaping of them is measured too. Adapters are
-accepted and remembered by name only. ``scripts/benchmarks/bench_gateway.py`` runs the real app on it.
+accepted and remembered by name only. ``scripts/benchmarks/gateway/bench_gateway.py`` runs the real app on it.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ the same values (the float32 pool holds the bf16 rows widened), rounds alternate
 reports both medians (wall and CPU time), the speedup and the largest difference of the outputs; then
 rank-8 and rank-16 adapters per GiB of pool in each dtype.
 
-    python -m scripts.benchmarks.bench_sgmv_cpu            # one line per configuration
-    python -m scripts.benchmarks.bench_sgmv_cpu --json     # last line: one JSON object
-    python -m scripts.benchmarks.bench_sgmv_cpu --pages --json
+    python -m scripts.benchmarks.kernels.bench_sgmv_cpu            # one line per configuration
+    python -m scripts.benchmarks.kernels.bench_sgmv_cpu --json     # last line: one JSON object
+    python -m scripts.benchmarks.kernels.bench_sgmv_cpu --pages --json
 """
 
 import argparse

@@ -10,7 +10,7 @@ adapter (a seeded random rank-8 PEFT LoRA on every projection, small enough to k
 - accuracy on a small multiple-choice set (tests/data/quality/questions.json), each choice scored by the
   sum of its tokens' log-probabilities after the question (order of the choices plays no part).
 
-    python -m scripts.benchmarks.bench_quality --json     # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_quality --json     # last line: one JSON object
 
 ``--bf16-gemm`` (default: ``LORAPLEX_BF16_GEMM``, else auto) picks the native GEMM of the bf16 and int8 modes.
 """

@@ -26,8 +26,8 @@ kernels: ``host_step_ms`` with 16 adapters and ``host_step_ms_base`` without (wa
 same steps' CPU time (the host's work alone, whatever else the machine runs) and ``host_step_ratio`` the one over
 the other in CPU time: the figures to watch when making the host's share of a step smaller.
 
-    python -m scripts.benchmarks.bench_gpu --json            # on a CUDA machine; last line: one JSON object
-    python -m scripts.benchmarks.bench_gpu --quick --json    # any CPU
+    python -m scripts.benchmarks.engine.bench_gpu --json            # on a CUDA machine; last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_gpu --quick --json    # any CPU
 """
 
 import argparse
@@ -47,7 +47,7 @@ from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
 from engine.memory.host_memory import freeze_startup_heap
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("bench_gpu")
 

@@ -12,7 +12,7 @@ The host is shared and its speed drifts by 20 % within minutes, so one run per c
 ratios noise: the configurations (PEFT included) run --repeats times in turn, round after round, and
 each figure is its configuration's median.
 
-    python -m scripts.benchmarks.bench_lora --json      # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_lora --json      # last line: one JSON object
 
 With PEFT, ``base_vs_peft_16`` divides the base model's rate by PEFT's: the bound on
 ``speedup_vs_peft_16`` that making the adapters' work free would reach.

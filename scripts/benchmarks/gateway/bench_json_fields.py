@@ -11,8 +11,8 @@ and crew."). An answer counts when it parses as a JSON object holding every aske
   ``openai`` and ``rich`` releases than the project's, so it is not a project dependency: run this script
   with a Python that has it (``python -m venv v && v/bin/pip install instructor``).
 
-    python -m scripts.benchmarks.bench_json_fields --url http://127.0.0.1:8000 --key sk-... --model <name>
-    python -m scripts.benchmarks.bench_json_fields ... --client instructor --json      # last line: one JSON object
+    python -m scripts.benchmarks.gateway.bench_json_fields --url http://127.0.0.1:8000 --key sk-... --model <name>
+    python -m scripts.benchmarks.gateway.bench_json_fields ... --client instructor --json  # last line: one JSON object
 
 Only the official ``openai`` client (and instructor) is imported, so any Python with them runs it.
 """

@@ -11,7 +11,7 @@ concurrency (1, 8 and 64 requests at once) runs on both in turn, --rounds times,
 median (the host is shared: a single run's ratio is noise). ``speedup_N`` is the off engine's median
 wall time over the on engine's at N requests at once; ``acceptance_rate`` is accepted over proposed tokens.
 
-    python -m scripts.benchmarks.bench_speculative --json      # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_speculative --json      # last line: one JSON object
 """
 
 import argparse
@@ -28,7 +28,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import ModelConfig
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
 
 logger = logging.getLogger("bench_speculative")
 
@@ -146,16 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
     stats = on.speculator.stats
     report = {
-        f"speedup_{c}": round(statistics.median(times[c, "off"]) / statistics.median(times[c, "on"]), 3)
-        for c in levels
+        f"speedup_{c}": round(statistics.median(times[c, "off"]) / statistics.median(times[c, "on"]), 3) for c in levels
     }
     report |= {
         "acceptance_rate": round(stats.acceptance_rate, 3),
         "num_proposed_tokens": sum(stats.num_proposed.values()),
         "num_accepted_tokens": sum(stats.num_accepted.values()),
-        "seconds": {
-            f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in levels for label in ("on", "off")
-        },
+        "seconds": {f"{label}_{c}": [round(t, 2) for t in times[c, label]] for c in levels for label in ("on", "off")},
         "k": args.k,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,

@@ -11,7 +11,7 @@ Part 2, n: one request with n = 4 on a 200-token prompt against four requests wi
 together (prefix caching on, its best case), 32 output tokens each: prompt tokens computed, KV blocks
 allocated, and wall time, each the median over rounds (a fresh prompt every round).
 
-    python -m scripts.benchmarks.bench_sampling --json        # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_sampling --json        # last line: one JSON object
 """
 
 import argparse

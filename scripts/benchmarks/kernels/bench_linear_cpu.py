@@ -13,9 +13,9 @@ one's median wall time of a pass is reported, with its CPU time (robust to a mac
 ``--noise-us`` each time (``cpu_noise.py``: what another process's wake-ups cost a GEMM that uses every core),
 quiet and noisy passes alternated, and reports ``..._noisy_ms`` and ``..._noise_cost`` (noisy ÷ quiet).
 
-    python -m scripts.benchmarks.bench_linear_cpu --json          # last line: one JSON object
-    python -m scripts.benchmarks.bench_linear_cpu --rows 64 --threads 1 --formats bf16_widen bf16_dot
-    python -m scripts.benchmarks.bench_linear_cpu --rows 64 --threads 2 --formats fp32 --noise-hz 700 --json
+    python -m scripts.benchmarks.kernels.bench_linear_cpu --json          # last line: one JSON object
+    python -m scripts.benchmarks.kernels.bench_linear_cpu --rows 64 --threads 1 --formats bf16_widen bf16_dot
+    python -m scripts.benchmarks.kernels.bench_linear_cpu --rows 64 --threads 2 --formats fp32 --noise-hz 700 --json
 """
 
 import argparse
@@ -36,7 +36,7 @@ from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.projection.linear import DOT, WIDEN, LinearWeight, WeightLayout, linear
 from loraplex_kernels.projection.linear_dot import amx_available, dot_available
 from loraplex_kernels.projection.linear_vnni import vnni_available
-from scripts.benchmarks.cpu_noise import CpuNoise
+from scripts.benchmarks.kernels.cpu_noise import CpuNoise
 
 logger = logging.getLogger("bench_linear_cpu")
 

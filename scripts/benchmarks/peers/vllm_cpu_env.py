@@ -7,7 +7,7 @@ break vLLM's imports). vLLM's CPU docs ask for Intel's OpenMP runtime (the venv'
 and tcmalloc preloaded, and OpenMP threads bound to cores; tcmalloc comes from Debian's package,
 downloaded and unpacked into the environment (nothing is installed system-wide).
 
-    python -m scripts.benchmarks.vllm_cpu_env        # make it (minutes, once); prints its python on the last line
+    python -m scripts.benchmarks.peers.vllm_cpu_env        # make it (minutes, once); prints its python on the last line
 """
 
 import logging

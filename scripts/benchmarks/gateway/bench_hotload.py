@@ -14,7 +14,7 @@ waits for after an upload: the name's resolution, the adapter's first copy into 
 the prompt's prefill. For scale, ``base_first_token_ms`` is the same request's time to first token on the
 base model (prefill alone), measured after one warm-up request that is not counted.
 
-    python -m scripts.benchmarks.bench_hotload --json        # last line: one JSON object
+    python -m scripts.benchmarks.gateway.bench_hotload --json        # last line: one JSON object
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from scripts import REPO_ROOT
-from scripts.benchmarks.bench_gateway import (  # the child's start file and stop, shared
+from scripts.benchmarks.gateway.bench_gateway import (  # the child's start file and stop, shared
     INFO_FILE,
     stop_server,
     wait_for_info,

@@ -10,8 +10,8 @@ The same run measures this machine's fp32 matmul rate and from it the compute ce
 tokens per second the workload would reach if every FLOP it needs (prompt and decode projections,
 attention, the LM head for each generated token) ran at that rate.
 
-    python -m scripts.benchmarks.bench_engine --json        # last line: one JSON object
-    python -m scripts.benchmarks.bench_engine --dtype bfloat16 --quantization int8 --skip-hf
+    python -m scripts.benchmarks.engine.bench_engine --json        # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_engine --dtype bfloat16 --quantization int8 --skip-hf
 
 ``--modes`` measures float32, bfloat16 and int8 weights (bfloat16 model dtype) side by side instead: one
 engine each, the workload run on each in turn for ``--rounds`` rounds (so a load that comes and goes
@@ -164,9 +164,14 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
     engines = {
         name: Engine(
             EngineConfig(
-                model=folder, dtype=dtype, quantization=quantization, pool_bytes=args.pool_mb * 2**20,
-                max_num_seqs=args.max_batch, max_num_batched_tokens=args.max_batched_tokens,
-                num_threads=args.threads, bf16_gemm=args.bf16_gemm,
+                model=folder,
+                dtype=dtype,
+                quantization=quantization,
+                pool_bytes=args.pool_mb * 2**20,
+                max_num_seqs=args.max_batch,
+                max_num_batched_tokens=args.max_batched_tokens,
+                num_threads=args.threads,
+                bf16_gemm=args.bf16_gemm,
             )
         )
         for name, (dtype, quantization) in MODES.items()
@@ -184,10 +189,19 @@ def run_modes(folder: str, args: argparse.Namespace) -> dict:
             seconds, _ = run_engine(engine, workload)
             rates[name].append(workload.num_output_tokens / seconds)
             cpu_rates[name].append(workload.num_output_tokens / (time.process_time() - cpu_start))
-            logger.info("round %d %s: %.1f tok/s, %.1f tok per CPU second", round_index, name, rates[name][-1],
-                        cpu_rates[name][-1])
-    result: dict = {"num_requests": args.num_requests, "max_batch": args.max_batch, "rounds": args.rounds,
-                    "num_output_tokens": workload.num_output_tokens}
+            logger.info(
+                "round %d %s: %.1f tok/s, %.1f tok per CPU second",
+                round_index,
+                name,
+                rates[name][-1],
+                cpu_rates[name][-1],
+            )
+    result: dict = {
+        "num_requests": args.num_requests,
+        "max_batch": args.max_batch,
+        "rounds": args.rounds,
+        "num_output_tokens": workload.num_output_tokens,
+    }
     for name, engine in engines.items():
         result[f"{name}_tok_s"] = round(statistics.median(rates[name]), 1)
         result[f"{name}_tok_s_rounds"] = [round(rate, 1) for rate in rates[name]]
@@ -225,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="with --modes: alternated rounds, medians reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--pool-mb", type=int, default=MODES_POOL_MIB, help="with --modes: each engine's pool, MiB")
-    parser.add_argument("--bf16-gemm", default=None, choices=("auto", "widen", "dot"),
-                        help="the native GEMM of bf16 and int8 weights (default: LORAPLEX_BF16_GEMM, else auto)")
+    parser.add_argument(
+        "--bf16-gemm",
+        default=None,
+        choices=("auto", "widen", "dot"),
+        help="the native GEMM of bf16 and int8 weights (default: LORAPLEX_BF16_GEMM, else auto)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
@@ -236,9 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.modes:
         write_result(run_modes(folder, args), args.json)
         return 0
-    engine = Engine(EngineConfig(model=folder, max_num_seqs=args.max_batch, dtype=args.dtype,
-                                 quantization=args.quantization, max_num_batched_tokens=args.max_batched_tokens,
-                                 num_threads=args.threads, bf16_gemm=args.bf16_gemm))
+    engine = Engine(
+        EngineConfig(
+            model=folder,
+            max_num_seqs=args.max_batch,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            max_num_batched_tokens=args.max_batched_tokens,
+            num_threads=args.threads,
+            bf16_gemm=args.bf16_gemm,
+        )
+    )
     cfg = engine.model_config
     workload = make_workload(args.num_requests, cfg.vocab_size, args.seed)
     warmup = make_workload(4, cfg.vocab_size, args.seed + 1)

@@ -18,7 +18,7 @@ shares of answers that started a call (wrote ``<tool_call>``) whose calls all ar
 on exactly this call, writes it well formed with or without the tag; 1.5 is where a sampled call goes
 wrong and the tag's guarantee shows.
 
-    python -m scripts.benchmarks.bench_tools --json        # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_tools --json        # last line: one JSON object
 """
 
 from __future__ import annotations

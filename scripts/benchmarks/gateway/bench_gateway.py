@@ -2,7 +2,7 @@
 
 The real app (``create_app``: auth, model resolution, metering, usage writer, serialization) runs
 under uvicorn in a child process (this script with ``--serve``) on 127.0.0.1, on the instant engine
-of ``scripts/benchmarks/instant_engine.py`` and an embedded PostgreSQL in a temporary data folder. At startup
+of ``scripts/benchmarks/gateway/instant_engine.py`` and an embedded PostgreSQL in a temporary data folder. At startup
 the child creates one tenant and one inference key in the database and writes the port, the key
 and the database URL to a file the parent reads.
 
@@ -40,8 +40,8 @@ figures, and every figure of the in-process run is there too with the prefix ``i
 (``inprocess_overhead_p99_ms``, checked against 5 ms). ``meets_target`` is true when both meet theirs.
 ``redis_cpu_ms_per_completion`` is the CPU the redis-server used per completion request (warm-ups included).
 
-    python -m scripts.benchmarks.bench_gateway --json                  # last line: one JSON object
-    python -m scripts.benchmarks.bench_gateway --limits redis --json   # in-process and Redis limits, one after another
+    python -m scripts.benchmarks.gateway.bench_gateway --json                 # last line: one JSON object
+    python -m scripts.benchmarks.gateway.bench_gateway --limits redis --json  # in-process, then Redis limits
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def serve(
     from app.keys.service import Scope, create_api_key
     from app.settings import Settings
     from app.web.request_context import RequestIdLogFilter
-    from scripts.benchmarks.instant_engine import InstantEngine
+    from scripts.benchmarks.gateway.instant_engine import InstantEngine
 
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdLogFilter())

@@ -28,8 +28,8 @@ error (``unfinished``).
 The machine's other work shares its cores with the server and this client: ``load_average_before`` and
 the CPU seconds of both sides say how busy it was.
 
-    python -m scripts.benchmarks.load_test --json                   # 200 clients for 60 s; last line: one JSON object
-    python -m scripts.benchmarks.load_test --clients 4 --duration 3 --rss-baseline-after 1 --max-tokens 4 --json
+    python -m scripts.benchmarks.gateway.load_test --json  # 200 clients for 60 s; last line: one JSON object
+    python -m scripts.benchmarks.gateway.load_test --clients 4 --duration 3 --rss-baseline-after 1 --max-tokens 4 --json
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ import httpx
 from app.cli.admin_client import AdminClient
 from app.model_store import resolve_model
 from app.settings import Settings
-from scripts.benchmarks.load_stats import MemoryWatch, Tally, summarize
-from scripts.benchmarks.load_tenants import LoadTenant, build_adapters, create_tenants, delete_tenants
+from scripts.benchmarks.gateway.load_stats import MemoryWatch, Tally, summarize
+from scripts.benchmarks.gateway.load_tenants import LoadTenant, build_adapters, create_tenants, delete_tenants
 from scripts.common.load_server import LocalServer
 from scripts.common.sse_client import StreamResult, stream_request
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.cli.admin_client import AdminClient
-from scripts.benchmarks.vllm_cpu_server import VllmServer
+from scripts.benchmarks.peers.vllm_cpu_server import VllmServer
 from scripts.common.load_server import LocalServer
 from scripts.common.raw_http import RawConnectionPool, encode_request
 

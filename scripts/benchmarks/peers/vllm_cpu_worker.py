@@ -6,7 +6,7 @@ serves LoRA), warms it up, submits every request at once (greedy, ``ignore_eos``
 line: output tokens per second and the start-up seconds. Imports nothing of loraplex: the scratch
 environment has vLLM and its dependencies only.
 
-    <scratch>/bin/python scripts/benchmarks/vllm_cpu_worker.py --workload w.json --model <folder> [--lora]
+    <scratch>/bin/python scripts/benchmarks/peers/vllm_cpu_worker.py --workload w.json --model <folder> [--lora]
 
 (``--num-adapters K`` with ``--lora``.)
 """

@@ -19,7 +19,7 @@ data folder, demo off, one tenant, its key and adapters made over the admin API)
 
 The servers alternate per round (``--repeats``); medians are reported. The last line with ``--json``.
 
-    python -m scripts.benchmarks.bench_ray --json
+    python -m scripts.benchmarks.gateway.bench_ray --json
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine.config import ModelConfig
-from scripts.benchmarks.bench_http_level import Target, completion_tokens, on_fresh_server, run_case
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.peers.bench_http_level import Target, completion_tokens, on_fresh_server, run_case
 from scripts.common.load_server import LocalServer
 from scripts.common.percentiles import percentile
 from scripts.common.raw_http import RawConnectionPool, encode_request

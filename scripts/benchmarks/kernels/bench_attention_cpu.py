@@ -25,8 +25,8 @@ sequence's blocks on one page (``..._cached_ms``: the same keys' count and arith
 so the step's time splits into what the arithmetic costs and what waiting for memory adds;
 ``..._gb_s`` is the K/V bytes a streamed step reads per second of its wall time.
 
-    python -m scripts.benchmarks.bench_attention_cpu --json     # last line: one JSON object
-    python -m scripts.benchmarks.bench_attention_cpu --kv --json
+    python -m scripts.benchmarks.kernels.bench_attention_cpu --json     # last line: one JSON object
+    python -m scripts.benchmarks.kernels.bench_attention_cpu --kv --json
 """
 
 import argparse

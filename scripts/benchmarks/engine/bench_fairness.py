@@ -20,7 +20,7 @@ The script drives ``Engine.step()`` itself (no HTTP, no server), so B's requests
 steps: the figures leave out the wait for a step already in flight, at most one step (about 0.3 s with
 64 sequences decoding on 2 cores). The FIFO run stops as soon as B has its first tokens.
 
-    python -m scripts.benchmarks.bench_fairness --json        # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_fairness --json        # last line: one JSON object
 """
 
 import argparse

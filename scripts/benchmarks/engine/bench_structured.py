@@ -10,7 +10,7 @@ median over rounds; ``overhead_ratio`` is tok/s with schemas over tok/s without 
 Compile time: the tokenizer's tables (built once, at the first compile), a schema never seen before,
 and the same schema again (a cache hit; the median of 1000 lookups).
 
-    python -m scripts.benchmarks.bench_structured --json        # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_structured --json        # last line: one JSON object
 """
 
 import argparse
@@ -24,7 +24,7 @@ import time
 from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, GrammarConstraint, SamplingParams
-from scripts.benchmarks.bench_sampling import make_prompts, run_until_done
+from scripts.benchmarks.engine.bench_sampling import make_prompts, run_until_done
 
 logger = logging.getLogger("bench_structured")
 

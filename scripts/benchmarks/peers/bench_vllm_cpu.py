@@ -28,8 +28,8 @@ loraplex's kernels built for that instruction set (``LORAPLEX_NATIVE_MARCH=coope
 and vLLM's) capped at ``AVX512_CORE_BF16``, and vLLM's own AMX kernels off (``vllm_without_amx/``). On a CPU
 with AMX it estimates what the two engines do on one without; the instructions' speeds are this CPU's.
 
-    python -m scripts.benchmarks.bench_vllm_cpu --json        # last line: one JSON object (both levels: ~25 min here)
-    python -m scripts.benchmarks.bench_vllm_cpu --level http --http-engines process,thread --repeats 3 --json
+    python -m scripts.benchmarks.peers.bench_vllm_cpu --json  # last line: one JSON object (both levels: ~25 min here)
+    python -m scripts.benchmarks.peers.bench_vllm_cpu --level http --http-engines process,thread --repeats 3 --json
 """
 
 import argparse
@@ -50,9 +50,9 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.adapters.lora_config import PROJECTIONS
 from engine.config import ModelConfig
 from loraplex_kernels.native_cpu import MARCH_ENV, cpu_flags
-from scripts.benchmarks.bench_http_level import on_loraplex, on_vllm, run_case
-from scripts.benchmarks.bench_lora import write_synthetic_adapter
-from scripts.benchmarks.vllm_cpu_env import WITHOUT_AMX_ENV, VllmEnv, ensure_vllm_env
+from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
+from scripts.benchmarks.peers.bench_http_level import on_loraplex, on_vllm, run_case
+from scripts.benchmarks.peers.vllm_cpu_env import WITHOUT_AMX_ENV, VllmEnv, ensure_vllm_env
 
 DEFAULT_HTTP_ENGINES = ("process", "thread")  # the two engines of one machine, side by side
 logger = logging.getLogger("bench_vllm_cpu")
@@ -155,9 +155,7 @@ def http_servers(
     servers: dict[str, Callable[[], dict[str, float]]] = {}
     if vllm is not None:
         vllm_env = vllm.process_env(num_cores=len(os.sched_getaffinity(0)))
-        servers["vllm_server"] = lambda: on_vllm(
-            vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype
-        )
+        servers["vllm_server"] = lambda: on_vllm(vllm.python, vllm_env, folder, scratch, None, cases((0,)), args.dtype)
         servers["vllm_lora_server"] = lambda: on_vllm(
             vllm.python, vllm_env, folder, scratch, named, cases(counts), args.dtype
         )
@@ -238,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: tuple(text.split(",")),
         default=DEFAULT_HTTP_ENGINES,
         help=f"LORAPLEX_ENGINE settings served over HTTP, comma-separated; the first is compared with vLLM "
-        f"(default {','.join(DEFAULT_HTTP_ENGINES)}; scripts/benchmarks/bench_ray.py compares ray with local)",
+        f"(default {','.join(DEFAULT_HTTP_ENGINES)}; scripts/benchmarks/gateway/bench_ray.py compares ray with local)",
     )
     parser.add_argument("--skip-vllm", action="store_true", help="HTTP level: loraplex's servers only, no ratios")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")

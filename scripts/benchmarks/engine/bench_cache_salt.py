@@ -12,7 +12,7 @@ tokens served from the cache over all prompt tokens), the prompt tokens computed
 first token. The pool holds every tenant's copy of the system prompt, so the salted engine misses once
 per tenant and the shared one once in all.
 
-    python -m scripts.benchmarks.bench_cache_salt --json   # last line: one JSON object
+    python -m scripts.benchmarks.engine.bench_cache_salt --json   # last line: one JSON object
 """
 
 import argparse
