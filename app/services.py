@@ -47,7 +47,7 @@ class Gateway:
     adapters: AdapterService
     """The admin side of adapters: uploads, pins, and removals that wait for the last request."""
     announcements: AdapterAnnouncements
-    """Applies adapter deletes, unloads and pins announced by any replica (this one included)."""
+    """Applies adapter deletes, unloads and pins announced by the other replicas."""
     demo: DemoAccess | None = None
 
 

@@ -1,14 +1,20 @@
 """Admin changes to adapters and tenant deletions, announced to every gateway replica through ``LISTEN/NOTIFY``.
 
 A delete, unload, pin or unpin sends ``NOTIFY loraplex_adapters, '{"op": ..., "adapter_id": ..., "digest":
-...}'`` in the transaction that makes the change, so PostgreSQL delivers it on commit and never for a
-change that rolled back. Each replica keeps one connection of its own listening, and applies what it
+..., "origin": ...}'`` in the transaction that makes the change, so PostgreSQL delivers it on commit and never
+for a change that rolled back. Each replica keeps one connection of its own listening, and applies what it
 hears in order: delete retires the adapter and removes it from the engine (the same removal a local
 delete uses, waiting for running requests), unload removes it from the engine, pin and unpin set the
-engine's pin. Deleting a tenant sends ``{"op": "delete_tenant", "tenant_id": ...}`` and a delete of each of
-its adapters, in the same transaction: every replica drops what it has cached about the tenant's keys and
-models, so its next request with one of those keys reads the revocation, and retires the adapters. Applying
-is idempotent, because the announcing replica hears its own announcements too.
+engine's pin. Deleting a tenant sends ``{"op": "delete_tenant", "tenant_id": ..., "origin": ...}`` and a delete
+of each of its adapters, in the same transaction: every replica drops what it has cached about the tenant's keys
+and models, so its next request with one of those keys reads the revocation, and retires the adapters.
+
+``origin`` is the announcing replica's ``Database.replica_id``. A replica applies its own change before its
+request answers, so it skips its own announcements: heard late, they would undo what it did since (an unload
+heard after the pin that followed it would remove the pinned adapter). An unload or pin heard from another
+replica is applied as the tables say now, not as announced: an unload of an adapter pinned since (a pin that
+committed later, whose announcement is still to come) is skipped, and a pin or unpin sets the engine's pin to
+the column's current value. Applying is idempotent.
 
 Notifications sent while a replica is not listening (restart, dropped connection) are lost, so every
 (re)connection catches up from the tables: every adapter this engine holds is re-read; a deleted one is
@@ -34,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.adapters.resolver import ModelResolver
-from app.db.database import Database
+from app.db.database import REPLICA_ID, Database
 from app.db.tables import Adapter, Tenant
 from app.engine_clients.interface import EngineClient
 from app.retry import Backoff
@@ -71,18 +77,22 @@ _CATCH_UP = object()  # queued after every (re)connection: re-read the tables
 
 async def announce(session: AsyncSession, op: Op, adapter_id: uuid.UUID, digest: str) -> None:
     """Queue the announcement in the session's transaction; PostgreSQL sends it when that commits."""
-    payload = json.dumps({"op": op.value, "adapter_id": str(adapter_id), "digest": digest})
-    await session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload})
+    await _notify(session, {"op": op.value, "adapter_id": str(adapter_id), "digest": digest})
 
 
 async def announce_tenant_deleted(session: AsyncSession, tenant_id: uuid.UUID) -> None:
     """Queue a tenant's deletion in the session's transaction (its adapters' deletes are announced apart)."""
-    payload = json.dumps({"op": Op.DELETE_TENANT.value, "tenant_id": str(tenant_id)})
+    await _notify(session, {"op": Op.DELETE_TENANT.value, "tenant_id": str(tenant_id)})
+
+
+async def _notify(session: AsyncSession, message: dict[str, str]) -> None:
+    """``message`` with the announcing replica (the one whose Database opened ``session``), sent on commit."""
+    payload = json.dumps({**message, "origin": str(session.info[REPLICA_ID])})
     await session.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload})
 
 
 class AdapterAnnouncements:
-    """One replica's listener: applies other replicas' (and its own) adapter changes to this replica."""
+    """One replica's listener: applies the other replicas' adapter changes to this replica."""
 
     def __init__(
         self,
@@ -183,6 +193,8 @@ class AdapterAnnouncements:
     async def _apply(self, payload: str) -> None:
         try:
             message = json.loads(payload)
+            if message.get("origin") == str(self.database.replica_id):
+                return  # this replica's own change, applied when it was made
             op = Op(message["op"])
             if op is Op.DELETE_TENANT:
                 self.forget_tenant(uuid.UUID(message["tenant_id"]))
@@ -198,10 +210,18 @@ class AdapterAnnouncements:
             if not self.resolver.is_retired(adapter_id):
                 await self.retire(adapter_id, digest)
         elif op is Op.UNLOAD:
+            if await self._pinned_now(adapter_id):
+                logger.info("adapter announcements: skipped the unload of adapter %s, pinned since", adapter_id)
+                return
             await self.unload(adapter_id)
         elif self.engine.has_adapter(name):  # pin or unpin: an adapter registered later reads the column
-            await self.engine.pin_adapter(name, op is Op.PIN)
+            await self.engine.pin_adapter(name, await self._pinned_now(adapter_id))
         logger.info("adapter announcements: applied %s of adapter %s", op.value, adapter_id)
+
+    async def _pinned_now(self, adapter_id: uuid.UUID) -> bool:
+        """The adapter's ``pinned`` column as committed now (False for a row that is gone)."""
+        async with self.database.sessions() as session:
+            return bool(await session.scalar(select(Adapter.pinned).where(Adapter.id == adapter_id)))
 
     async def _catch_up(self) -> None:
         """Forget every deleted tenant; bring every adapter this engine holds in line with its row."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 import asyncpg
 from sqlalchemy import text
@@ -14,6 +15,8 @@ logger = logging.getLogger(__name__)
 POOL_SIZE = 10  # connections kept open; the request path reads through caches, so few are needed
 PING_TIMEOUT_S = 2.0  # /ready answers within this even when the database hangs
 CONNECT_TIMEOUT_S = 5.0  # a database host that drops packets fails a query in seconds, not asyncpg's 60
+REPLICA_ID = "replica_id"
+"""``Session.info`` key of every session a :class:`Database` opens: that Database's ``replica_id``."""
 
 
 def async_url(url: str) -> str:
@@ -34,10 +37,14 @@ class Database:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.replica_id = uuid.uuid4()
+        """Names this process's gateway (one Database each) in what it announces to the others."""
         self.engine: AsyncEngine = create_async_engine(
             async_url(url), pool_size=POOL_SIZE, pool_pre_ping=True, connect_args={"timeout": CONNECT_TIMEOUT_S}
         )
-        self.sessions: async_sessionmaker[AsyncSession] = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions: async_sessionmaker[AsyncSession] = async_sessionmaker(
+            self.engine, expire_on_commit=False, info={REPLICA_ID: self.replica_id}
+        )
 
     async def ping(self) -> bool:
         """True when a query gets an answer within PING_TIMEOUT_S."""

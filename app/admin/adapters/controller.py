@@ -298,6 +298,7 @@ async def unload_adapter(request: Request, adapter_id: AdapterId) -> AdapterOut:
         (400, "Invalid body: Expected `bool`, got `str` - at `$.pinned`.", None),
         *ADMIN_ERRORS,
         NO_ADAPTER,
+        (409, "The pin of adapter 'pirate' (...) is stored, but the adapter kept leaving ...", "adapter_not_pinned"),
         TOO_LARGE,
     ),
 )

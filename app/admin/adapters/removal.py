@@ -5,8 +5,8 @@ engine's copy and finish; the copy is removed when idle: one try at once, then e
 in a background task, for up to ``REMOVE_TIMEOUT_S``. Then its files go, the ``adapter_files`` row and
 the local cache folder, unless a live row (or another deleted adapter still in the engine) uses its digest.
 
-Retiring is idempotent: a replica hears its own delete announced (app/adapters/announcements.py), and a
-second retire of an adapter already on its way out changes nothing.
+Retiring is idempotent: a delete can reach a replica twice (its announcement, app/adapters/announcements.py, and
+the catch-up after a reconnection), and a second retire of an adapter already on its way out changes nothing.
 """
 
 from __future__ import annotations

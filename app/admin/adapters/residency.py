@@ -30,10 +30,12 @@ from app.db.tables import Adapter
 from app.engine_clients.interface import EngineClient
 from app.keys.authenticator import Principal
 from app.web.errors import ConflictError
+from engine.errors import UnknownAdapterError
 
 logger = logging.getLogger(__name__)
 
 UNLOAD_WAIT_S = 5.0  # an unload waits this long for the requests using the adapter before answering 409
+PIN_ATTEMPTS = 3  # a pin registers an adapter that left the engine meanwhile again, this many times at most
 
 
 class AdapterInUseError(ConflictError):
@@ -42,6 +44,10 @@ class AdapterInUseError(ConflictError):
 
 class AdapterNotReadyError(ConflictError):
     code = "adapter_not_ready"
+
+
+class AdapterNotPinnedError(ConflictError):
+    code = "adapter_not_pinned"
 
 
 class AdapterResidency:
@@ -91,9 +97,19 @@ class AdapterResidency:
         out = await self._audited(
             actor, "adapter.pin" if pinned else "adapter.unpin", row, before, Op.PIN if pinned else Op.UNPIN
         )
-        if pinned or self.engine.has_adapter(name):
-            await self.engine.pin_adapter(name, pinned)
-        return out
+        for _ in range(PIN_ATTEMPTS):
+            try:
+                if pinned or self.engine.has_adapter(name):
+                    await self.engine.pin_adapter(name, pinned)
+                return out
+            except UnknownAdapterError:  # it left the engine since it was registered (evicted, or unloaded)
+                if not pinned:
+                    return out
+                await self._register(row)  # the row says pinned now: registered pinned
+        raise AdapterNotPinnedError(
+            f"The pin of adapter {row.name!r} ({row.id}) is stored, but the adapter kept leaving this engine while "
+            "it was being pinned (unloaded or deleted meanwhile?); retry to make it resident here now."
+        )
 
     async def _register(self, row: Adapter) -> None:
         if not await self.resolver.ensure_loaded(row.id, row.digest, row.pinned):

@@ -11,9 +11,8 @@ Deletion: the row becomes ``deleted`` and the resolver forgets it at once, so ne
 engine's copy and the stored files go when no request uses them. A replacing upload deletes the adapter it
 replaces the same way.
 
-Deletes, unloads and pins are announced to every replica (app/adapters/announcements.py) in the
-transaction that records them; this replica hears its own announcements too, and applying them twice
-changes nothing.
+Deletes, unloads and pins are applied here and announced to the other replicas (app/adapters/announcements.py)
+in the transaction that records them.
 
 This service holds per-process state (pending removals, the store lock), so there is one per app.
 """
