@@ -34,6 +34,7 @@ from engine.step.graph_lora import GraphLoraTables, LoraCapacity
 from engine.step.step_batch import StepBatch
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
 from loraplex_kernels.backend import KernelBackend
+from loraplex_kernels.sgmv.sgmv_shrink import pool_holds_rows
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class DecodeGraphs:
         storage = self._pool.storage
         last_layer = (storage.shape[1] - 1) * lora.page_elems
         return lora.backend is KernelBackend.TRITON and all(
-            last_layer + group.meta.max_row_end <= storage.numel() for group in lora.groups.values()
+            pool_holds_rows(storage, group.meta, last_layer) for group in lora.groups.values()
         )
 
     def forward(self, batch: StepBatch) -> torch.Tensor:

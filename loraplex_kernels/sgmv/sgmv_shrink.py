@@ -233,11 +233,16 @@ def check_pool(
         raise ValueError(f"storage is {storage.dtype} on {storage.device}, need {need} on {like.device}")
     if storage.dim() != 3 or not storage.is_contiguous():
         raise ValueError(f"storage must be the contiguous [num_pages, num_layers, P] pool, got {tuple(storage.shape)}")
-    if layer_offset < 0 or layer_offset + meta.max_row_end > storage.numel():
+    if not pool_holds_rows(storage, meta, layer_offset):
         raise ValueError(
             f"layer_offset {layer_offset} puts rows up to element {layer_offset + meta.max_row_end} "
             f"past the pool's {storage.numel()} elements"
         )
+
+
+def pool_holds_rows(storage: torch.Tensor, meta: SgmvMetadata, layer_offset: int) -> bool:
+    """Whether every adapter row ``meta`` names, at the layer that starts at ``layer_offset``, is inside the pool."""
+    return layer_offset >= 0 and layer_offset + meta.max_row_end <= storage.numel()
 
 
 def sgmv_shrink(
