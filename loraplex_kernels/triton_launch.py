@@ -45,6 +45,7 @@ ATTENTION_STRIDE_ARGS = (
     "stride_out_token",
     "stride_out_head",
     "stride_bt_seq",
+    "stride_bt_block",
 )
 
 

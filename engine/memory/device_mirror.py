@@ -3,8 +3,10 @@
 A CUDA graph reads its inputs at the addresses it was captured with, so a step's inputs go into the same
 device tensors every step. A :class:`DeviceMirror` lays out named tensors in one device buffer and the same
 layout in one pinned host buffer: a step writes the host views (torch copies on the host, no kernel launch)
-and :meth:`DeviceMirror.upload` moves the whole buffer with one non-blocking copy, queued before the graph's
-replay on the same stream. On a CPU the two buffers are one and ``upload`` does nothing.
+and :meth:`DeviceMirror.upload` moves the buffer with one non-blocking copy, queued before the graph's
+replay on the same stream. The fields lie in the order they are named, so a step that uses only the first
+elements of the last field moves only up to them (:meth:`DeviceMirror.end_of`). On a CPU the two buffers are
+one and ``upload`` does nothing.
 
 The host buffer is written again only at the next step, after the engine read the step's sampled tokens
 back, which waits for everything queued before them, the copy included.
@@ -39,8 +41,14 @@ class DeviceMirror:
 
         self.device = views(self._device_buffer)
         self.host = views(self._host_buffer)
+        self._starts = dict(zip(fields, starts, strict=False))  # each field's first byte
 
-    def upload(self) -> None:
-        """Queue the copy of every host view to its device twin (nothing on a CPU)."""
+    def end_of(self, name: str, num_elements: int) -> int:
+        """The byte just past the first ``num_elements`` elements of field ``name`` (in its memory order)."""
+        return self._starts[name] + num_elements * self.host[name].element_size()
+
+    def upload(self, end: int | None = None) -> None:
+        """Queue the copy of the host buffer to the device's, whole or its bytes before ``end`` (nothing on a
+        CPU)."""
         if self._host_buffer is not self._device_buffer:
-            self._device_buffer.copy_(self._host_buffer, non_blocking=True)
+            self._device_buffer[:end].copy_(self._host_buffer[:end], non_blocking=True)

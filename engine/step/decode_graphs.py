@@ -6,7 +6,9 @@ them in one call. A graph fixes its inputs' addresses and shapes and every host-
 read, so each bucket of batch sizes (``GRAPH_BUCKETS`` up to ``max_num_seqs``) has its graph, and steps with
 adapters one per bucket and :class:`~engine.step.graph_lora.LoraCapacity` (their SGMV tables padded to fixed
 shapes, engine/step/graph_lora.py). A graph reads views of persistent input buffers, which each step writes
-on the host and moves to the device in one copy (:class:`~engine.memory.device_mirror.DeviceMirror`):
+on the host and moves to the device in one copy (:class:`~engine.memory.device_mirror.DeviceMirror`). The
+block table is stored by column ([max_blocks, max_num_seqs], the attention kernels read it through both
+strides), last: a step moves the columns its longest row uses, for every row, and nothing past them.
 
 - the step's rows first; the bucket's other rows are padding: token 0 at position 0, one key, reading and
   writing a scratch page of the pool that no sequence holds (``OwnerKind.SCRATCH``), so no real row's K/V is
@@ -81,7 +83,7 @@ class DecodeGraphs:
                 "positions": ((rows,), torch.int64),
                 "slot_mapping": ((rows,), torch.int64),
                 "seq_lens": ((rows,), torch.int32),
-                "block_tables": ((rows, self._max_blocks), torch.int32),
+                "block_columns": ((self._max_blocks, rows), torch.int32),  # last: see the module docstring
             },
             device,
         )
@@ -158,9 +160,10 @@ class DecodeGraphs:
         host["positions"][:num_rows].copy_(batch.positions)
         host["slot_mapping"][:num_rows].copy_(batch.slot_mapping)
         host["seq_lens"][:num_rows].copy_(meta.seq_lens)
-        host["block_tables"][:num_rows, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        num_blocks = meta.block_tables.shape[1]
+        host["block_columns"][:num_blocks, :num_rows].copy_(meta.block_tables.t())
         self._pad(num_rows, rows)
-        self._inputs.upload()
+        self._inputs.upload(self._inputs.end_of("block_columns", max(num_blocks, 1) * self._max_rows))
 
     def _pad(self, start: int, end: int) -> None:
         """Rows ``start:end`` of the host buffers: token 0 at position 0 of the scratch page, attending to that
@@ -173,7 +176,7 @@ class DecodeGraphs:
         host["positions"][start:end] = 0
         host["slot_mapping"][start:end] = page * self._pool.block_size
         host["seq_lens"][start:end] = 1
-        host["block_tables"][start:end, 0] = page
+        host["block_columns"][0, start:end] = page
 
     def _padded_batch(self, rows: int, lora: GraphLoraTables | None) -> StepBatch:
         """A batch of the buffers' first ``rows`` rows; its host-side values are the same for every step."""
@@ -181,7 +184,7 @@ class DecodeGraphs:
         attention = PagedAttentionMetadata(
             query_start_loc=self._row_ids[: rows + 1],  # [rows + 1]: one query row a sequence
             seq_lens=device["seq_lens"][:rows],  # [rows]
-            block_tables=device["block_tables"][:rows],  # [rows, max_blocks]
+            block_tables=device["block_columns"].t()[:rows],  # [rows, max_blocks], strides (1, max_rows)
             token_to_seq=self._row_ids[:rows],  # [rows]
             num_decode_seqs=rows,
             max_query_len=1,

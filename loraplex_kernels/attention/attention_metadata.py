@@ -22,7 +22,9 @@ class PagedAttentionMetadata:
 
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32, cumulative query rows
     seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
-    block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32, page ids; padding entries are 0
+    # [num_seqs, max_num_blocks] int32, page ids; padding entries are 0. Contiguous, but for the Triton kernels,
+    # which read it through both strides (a CUDA graph's is the transpose of a [max_num_blocks, rows] buffer).
+    block_tables: torch.Tensor
     token_to_seq: torch.Tensor  # [num_tokens] int32, the sequence of each query row
     num_decode_seqs: int
     max_query_len: int

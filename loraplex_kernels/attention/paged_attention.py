@@ -59,7 +59,8 @@ _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # The block table's row stride is its width, the step's most pages: generic like the scratch's (see
-# BATCH_STRIDE_ARGS), so one compiled kernel serves every batch.
+# BATCH_STRIDE_ARGS), so one compiled kernel serves every batch. Its column stride is 1 in an eager step (a
+# specialised constant) and the graph's row count in a CUDA graph's step (engine/step/decode_graphs.py).
 @triton.jit(do_not_specialize=("stride_bt_seq", *BATCH_STRIDE_ARGS))
 def _paged_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
@@ -70,7 +71,7 @@ def _paged_attention_kernel(
     split_acc_ptr,  # [num_tokens, max_splits, num_heads, head_dim] fp32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
-    block_tables_ptr,  # [num_seqs, max_num_blocks] int32
+    block_tables_ptr,  # [num_seqs, max_num_blocks] int32, strided
     token_to_seq_ptr,  # [num_tokens] int32
     scale_log2,  # softmax scale × log2(e): scores are exponentiated with exp2
     stride_q_token,
@@ -82,6 +83,7 @@ def _paged_attention_kernel(
     stride_out_token,
     stride_out_head,
     stride_bt_seq,
+    stride_bt_block,
     stride_split_token,
     stride_split_split,
     stride_acc_token,
@@ -131,7 +133,9 @@ def _paged_attention_kernel(
         for start in range(key_start, key_end, KEYS_PER_TILE):
             keys = start + n  # [KEYS_PER_TILE] positions in the sequence
             key_mask = keys < key_end  # [KEYS_PER_TILE]
-            pages = tl.load(block_table + keys // block_size, mask=key_mask, other=0)  # [KEYS_PER_TILE]
+            pages = tl.load(
+                block_table + (keys // block_size) * stride_bt_block, mask=key_mask, other=0
+            )  # [KEYS_PER_TILE]
             slots = keys % block_size  # [KEYS_PER_TILE]
             kv_offs = (
                 pages.to(tl.int64)[:, None] * stride_kv_page
@@ -268,6 +272,7 @@ def paged_attention_triton(
         out.stride(0),
         out.stride(1),
         meta.block_tables.stride(0),
+        meta.block_tables.stride(1),
         *scratch.strides(),
         MIN_TILED_ROWS,
         **launch.constexprs,
@@ -308,10 +313,12 @@ def _check_inputs(q: torch.Tensor, kv_cache: torch.Tensor, meta: PagedAttentionM
     for name, (tensor, shape) in expected.items():
         if tuple(tensor.shape) != shape:
             raise ValueError(f"meta.{name} must have shape {shape}, got {tuple(tensor.shape)}")
-    for name in ("query_start_loc", "seq_lens", "block_tables", "token_to_seq"):
+    for name in ("query_start_loc", "seq_lens", "token_to_seq"):
         tensor = getattr(meta, name)
         if tensor.dtype != torch.int32 or not tensor.is_contiguous() or tensor.device != q.device:
             raise ValueError(f"meta.{name} must be a contiguous int32 tensor on {q.device}")
+    if meta.block_tables.dtype != torch.int32 or meta.block_tables.device != q.device:
+        raise ValueError(f"meta.block_tables must be an int32 tensor on {q.device}")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] != num_seqs:
         raise ValueError(
             f"meta.block_tables must be [num_seqs={num_seqs}, max_num_blocks], got {tuple(meta.block_tables.shape)}"

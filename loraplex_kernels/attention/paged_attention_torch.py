@@ -26,13 +26,11 @@ def paged_attention_torch(
         meta.seq_lens_list, meta.block_tables, meta.num_decode_seqs, kv_cache.shape[2], q.dtype
     )
     for bucket in buckets:
-        out[bucket.start:bucket.end] = _decode(q[bucket.start:bucket.end], kv_cache, bucket, scale)
+        out[bucket.start : bucket.end] = _decode(q[bucket.start : bucket.end], kv_cache, bucket, scale)
     starts = meta.query_start_loc_list
     for seq in range(meta.num_decode_seqs, meta.num_seqs):
         start, end = starts[seq], starts[seq + 1]
-        out[start:end] = _prefill(
-            q[start:end], kv_cache, meta.block_tables[seq], meta.seq_lens_list[seq], scale
-        )
+        out[start:end] = _prefill(q[start:end], kv_cache, meta.block_tables[seq], meta.seq_lens_list[seq], scale)
     return out
 
 

@@ -50,7 +50,7 @@ def _paged_prefill_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     query_start_loc_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
-    block_tables_ptr,  # [num_seqs, max_num_blocks] int32
+    block_tables_ptr,  # [num_seqs, max_num_blocks] int32, strided
     tiles_ptr,  # [num_tiles, 2] int32: (first query row, sequence) of each tile
     scale_log2,  # softmax scale × log2(e): scores are exponentiated with exp2
     stride_q_token,
@@ -62,6 +62,7 @@ def _paged_prefill_attention_kernel(
     stride_out_token,
     stride_out_head,
     stride_bt_seq,
+    stride_bt_block,
     group: tl.constexpr,  # query heads per kv head
     head_dim: tl.constexpr,
     block_size: tl.constexpr,
@@ -103,7 +104,9 @@ def _paged_prefill_attention_kernel(
     for start in range(0, num_keys, KEYS_PER_TILE):
         keys = start + n  # [KEYS_PER_TILE] positions in the sequence
         key_mask = keys < num_keys  # [KEYS_PER_TILE]
-        pages = tl.load(block_table + keys // block_size, mask=key_mask, other=0).to(tl.int64)  # [KEYS]
+        pages = tl.load(block_table + (keys // block_size) * stride_bt_block, mask=key_mask, other=0).to(
+            tl.int64
+        )  # [KEYS_PER_TILE]
         key_offs = pages * stride_kv_page + (keys % block_size) * stride_kv_slot + kv_head * stride_kv_head
         k_t = tl.load(
             kv_ptr + key_offs[None, :] + d[:, None], mask=d_mask[:, None] & key_mask[None, :], other=0.0
@@ -230,6 +233,7 @@ def paged_prefill_attention_triton(
         out.stride(0),
         out.stride(1),
         meta.block_tables.stride(0),
+        meta.block_tables.stride(1),
         **launch.constexprs,
         num_warps=launch.num_warps,
     )

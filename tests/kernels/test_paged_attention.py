@@ -148,6 +148,26 @@ def test_triton_and_torch_match_float64_reference(kind: str, num_kv_heads: int, 
     assert_close(dispatched, torch_out, tol=0.0, seed=seed)
 
 
+@pytest.mark.parametrize("kind", ["decode", "prefill"])  # prefill: the row kernel's short chunks and a tiled one
+def test_triton_reads_a_block_table_stored_by_column(kind: str, seed: int):
+    """A CUDA graph's block table is the transpose of a [max_blocks, max_rows] buffer, wider and taller than the
+    step's; its entries past each row's pages name another page. The Triton kernels give the same bits."""
+    batch = make_batch(BATCHES[kind], 3, 3, 64, torch.float32, seed)
+    table = batch.meta.block_tables  # [num_seqs, num_blocks]
+    num_seqs, num_blocks = table.shape
+    foreign_page = batch.kv_cache.shape[0] - 1
+    columns = torch.full((num_blocks + 2, num_seqs + 3), foreign_page, dtype=torch.int32)  # [blocks, rows]
+    columns[:num_blocks, :num_seqs] = table.t()
+    by_column = columns.t()[:num_seqs]  # [num_seqs, num_blocks + 2], strides (1, num_seqs + 3)
+    assert by_column.stride() == (1, num_seqs + 3)
+
+    out = paged_attention_triton(
+        batch.q, batch.kv_cache, dataclasses.replace(batch.meta, block_tables=by_column), batch.scale
+    )
+
+    assert_close(out, paged_attention_triton(batch.q, batch.kv_cache, batch.meta, batch.scale), tol=0.0, seed=seed)
+
+
 @pytest.mark.parametrize("sort_by_length", [True, False])
 def test_torch_decode_buckets_match_reference(seed: int, sort_by_length: bool):
     """37 decode rows plus a prefill chunk: the CPU path splits the decode rows into several buckets."""
