@@ -1,7 +1,9 @@
 """What the engine hands back: per-choice deltas and results, and its own statistics."""
 
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
+from engine.output.token_view import TokenView
 from engine.sampling.logprobs import TokenLogprob
 from engine.scheduling.sequence import Sequence
 
@@ -22,8 +24,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     """The prompt, as token ids."""
 
-    token_ids: list[int]
-    """Every token this choice generated so far."""
+    token_ids: SequenceOf[int]
+    """Every token this choice generated so far: a list, or from the engine a read-only view of its own list
+    (``TokenView``, equal to the list of the same ids; ``list()`` makes a copy)."""
 
     text: str
     """``token_ids`` as text so far (stop strings cut, never shown even partly)."""
@@ -77,7 +80,7 @@ class RequestOutput:
         return cls(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.output_token_ids,
+            token_ids=TokenView(seq.token_ids, seq.num_prompt_tokens, seq.num_tokens),
             text=seq.detokenizer.text,
             delta_token_ids=delta_token_ids,
             delta_text=delta_text,
