@@ -4,7 +4,7 @@ import hashlib
 from array import array
 
 from engine.memory.page_pool import PagePool
-from engine.scheduling.sequence import Sequence
+from engine.scheduling.sequence import Sequence, block_id_array
 
 ROOT_HASH = b"loraplex-kv-v1"  # the parent of a sequence's first block (of one without a cache salt)
 
@@ -108,7 +108,7 @@ class KVCacheManager:
         """Give ``child`` every block of ``parent`` (one more reference each) and its progress through them."""
         for page_id in parent.block_ids:
             self.pool.acquire(page_id)
-        child.block_ids = list(parent.block_ids)
+        child.block_ids = block_id_array(parent.block_ids)
         child.block_hashes = list(parent.block_hashes)
         child.num_registered_blocks = parent.num_registered_blocks
         child.num_computed_tokens = parent.num_computed_tokens
@@ -132,7 +132,7 @@ class KVCacheManager:
 
     def free(self, seq: Sequence) -> None:
         self.pool.free(seq.block_ids)
-        seq.block_ids = []
+        seq.block_ids = block_id_array()
         seq.num_registered_blocks = 0
 
     def _is_shared_tail(self, seq: Sequence) -> bool:

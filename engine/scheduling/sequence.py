@@ -2,6 +2,8 @@
 
 import enum
 import time
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,12 @@ if TYPE_CHECKING:
     from engine.adapters.adapter_cache import AdapterEntry
 
 DEFAULT_TENANT = "default"  # the tenant of requests that name none
+
+
+def block_id_array(page_ids: Iterable[int] = ()) -> "array[int]":
+    """Page ids as a sequence holds them: C ints (int32), so a step's block table is their bytes laid end to end
+    (engine/step/step_batch.py), not a Python loop over every id of every row."""
+    return array("i", page_ids)
 
 
 class SequenceStatus(enum.Enum):
@@ -48,7 +56,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V is in this sequence's pages
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
     num_prompt_tokens_charged: int = 0  # the prompt up to here was charged to the tenant (a recompute is not)
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: "array[int]" = field(default_factory=block_id_array)  # its pages, in order
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of the full blocks so far
     num_registered_blocks: int = 0  # full blocks already offered to the prefix cache
     num_preemptions: int = 0

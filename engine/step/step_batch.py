@@ -12,7 +12,7 @@ from engine.memory.host_to_device import move_to_device
 from engine.memory.page_pool import PagePool
 from engine.sampling.grammar_mask import num_bitmask_words
 from engine.scheduling.scheduler import ScheduledSeq
-from engine.scheduling.sequence import Sequence
+from engine.scheduling.sequence import Sequence, block_id_array
 from engine.speculative.verification import DraftPosition, draft_positions
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata, plan_decode_buckets
 from loraplex_kernels.attention.paged_prefill_attention import plan_prefill_tiles
@@ -111,17 +111,18 @@ def build_step_batch(
                 scored_token_ids.extend(seq.prompt_token_ids[first + 1 : last + 1])
                 scored.append((seq, last - first))
     max_blocks = max(len(item.seq.block_ids) for item in items)
-    table: list[int] = []  # [num_seqs * max_blocks], each row padded with page 0
+    table = block_id_array()  # [num_seqs * max_blocks], each row padded with page 0: copies of C arrays
+    padding = block_id_array((0,)) * max_blocks
     for item in items:
         table += item.seq.block_ids
-        table += [0] * (max_blocks - len(item.seq.block_ids))
+        table += padding[: max_blocks - len(item.seq.block_ids)]
     query_lens = [item.num_new_tokens for item in items]
     num_tokens = query_start_loc[-1]
     # On the host: the step moves to the device in one copy.
     attention = PagedAttentionMetadata(
         query_start_loc=host_tensor(query_start_loc, torch.int32),  # [num_seqs + 1]
         seq_lens=host_tensor(seq_lens, torch.int32),  # [num_seqs]
-        block_tables=host_tensor(table, torch.int32).view(len(items), max_blocks),  # [num_seqs, max_blocks]
+        block_tables=torch.frombuffer(table, dtype=torch.int32).view(len(items), max_blocks),  # [num_seqs, blocks]
         token_to_seq=torch.arange(len(items), dtype=torch.int32)
         if num_tokens == len(items)
         else torch.repeat_interleave(
