@@ -22,8 +22,9 @@ class PagedAttentionMetadata:
 
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32, cumulative query rows
     seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
-    # [num_seqs, max_num_blocks] int32, page ids; padding entries are 0. Contiguous, but for the Triton kernels,
-    # which read it through both strides (a CUDA graph's is the transpose of a [max_num_blocks, rows] buffer).
+    # [num_seqs, max_num_blocks] int32, page ids; padding entries are 0. Contiguous for the torch and native
+    # paths; the Triton kernels read it through both strides (a CUDA graph's is the transpose of a
+    # [max_num_blocks, rows] buffer).
     block_tables: torch.Tensor
     token_to_seq: torch.Tensor  # [num_tokens] int32, the sequence of each query row
     num_decode_seqs: int

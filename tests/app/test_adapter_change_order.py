@@ -14,13 +14,15 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.adapters.announcements import AdapterAnnouncements
 from app.engine_clients.thread import LocalEngineClient
 from app.keys.service import Scope
+from app.services import Gateway
 from app.settings import Settings
-from tests.app.gateway_fixtures import gateway_client, make_tenant, start_default_engine
+from tests.app.gateway_fixtures import TenantKey, gateway_client, make_tenant, start_default_engine
 from tests.app.gateway_fixtures import test_settings as replica_settings
 from tests.app.test_adapter_announcements import SHARED_KEY_SECRET, engine_pinned
 from tests.app.test_admin_adapters import upload
@@ -42,6 +44,16 @@ def make_late(announcements: AdapterAnnouncements, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(announcements, "_apply", late)
 
 
+async def uploaded_alpha(
+    client: httpx.AsyncClient, gateway: Gateway, folders: dict[str, Path]
+) -> tuple[TenantKey, str]:
+    """An admin key, and the id of the adapter ``alpha`` uploaded with it for a new tenant ``acme``."""
+    admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
+    acme = await make_tenant(gateway, "acme")
+    adapter = (await upload(client, admin, acme.tenant_id, "alpha", folders["alpha"])).json()
+    return admin, adapter["id"]
+
+
 @pytest.fixture(scope="module")
 def other_engine(data_home: Path) -> Iterator[LocalEngineClient]:
     """The second replica's own engine on the default model."""
@@ -55,10 +67,8 @@ async def test_own_late_unload_announcements_undo_neither_a_load_nor_a_pin(
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
         make_late(gateway.announcements, monkeypatch)
-        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
-        acme = await make_tenant(gateway, "acme")
-        adapter = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
-        url, name = f"/admin/adapters/{adapter['id']}", adapter["id"]
+        admin, name = await uploaded_alpha(client, gateway, tenant_adapters)
+        url = f"/admin/adapters/{name}"
 
         assert (await client.post(f"{url}/unload", headers=admin.headers)).status_code == 200
         assert (await client.post(f"{url}/load", headers=admin.headers)).json()["loaded"] is True
@@ -90,10 +100,8 @@ async def test_a_pin_after_another_replicas_unload_holds_on_both(
     ):
         make_late(gateway_a.announcements, monkeypatch)
         make_late(gateway_b.announcements, monkeypatch)
-        admin = await make_tenant(gateway_a, "admin", scopes=(Scope.ADMIN,))
-        acme = await make_tenant(gateway_a, "acme")
-        adapter = (await upload(client_a, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
-        url, name = f"/admin/adapters/{adapter['id']}", adapter["id"]
+        admin, name = await uploaded_alpha(client_a, gateway_a, tenant_adapters)
+        url = f"/admin/adapters/{name}"
         assert (await client_b.post(f"{url}/load", headers=admin.headers)).status_code == 200
 
         assert (await client_a.post(f"{url}/unload", headers=admin.headers)).status_code == 200
@@ -112,25 +120,22 @@ async def test_a_pin_registers_again_an_adapter_that_left_the_engine_meanwhile(
     gateway_settings, default_engine, tenant_adapters, monkeypatch
 ):
     async with gateway_client(gateway_settings, default_engine) as (client, gateway):
-        admin = await make_tenant(gateway, "admin", scopes=(Scope.ADMIN,))
-        acme = await make_tenant(gateway, "acme")
-        adapter = (await upload(client, admin, acme.tenant_id, "alpha", tenant_adapters["alpha"])).json()
+        admin, name = await uploaded_alpha(client, gateway, tenant_adapters)
+        url = f"/admin/adapters/{name}"
         residency = gateway.adapters.residency
         audited = residency._audited
 
         async def then_evicted(*args: object, **kwargs: object) -> object:
             """The pin is recorded; then the adapter leaves the engine (as an eviction or an unload would)."""
             out = await audited(*args, **kwargs)
-            await default_engine.remove_adapter(adapter["id"])
+            await default_engine.remove_adapter(name)
             return out
 
         monkeypatch.setattr(residency, "_audited", then_evicted)
-        pinned = await client.post(f"/admin/adapters/{adapter['id']}/pin", headers=admin.headers)
+        pinned = await client.post(f"{url}/pin", headers=admin.headers)
         assert pinned.status_code == 200, pinned.text
-        assert engine_pinned(default_engine, adapter["id"])
-        unpinned = await client.post(
-            f"/admin/adapters/{adapter['id']}/pin", json={"pinned": False}, headers=admin.headers
-        )
+        assert engine_pinned(default_engine, name)
+        unpinned = await client.post(f"{url}/pin", json={"pinned": False}, headers=admin.headers)
         assert unpinned.status_code == 200, unpinned.text  # removed again before the unpin: nothing to unpin
-        assert not default_engine.has_adapter(adapter["id"])
-        assert (await client.delete(f"/admin/adapters/{adapter['id']}", headers=admin.headers)).status_code == 200
+        assert not default_engine.has_adapter(name)
+        assert (await client.delete(url, headers=admin.headers)).status_code == 200
