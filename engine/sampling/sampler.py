@@ -68,12 +68,13 @@ def _add_sparse(logits: torch.Tensor, entries: SparseLogits) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
-    index = (penalties.rows, penalties.token_ids)
+    rows = penalties.rows  # [num_entries]
+    index = (rows, penalties.token_ids)
     values = logits[index]  # [num_entries]
-    repetition = penalties.repetition  # [num_entries]; 1 leaves a value as it is
+    repetition = penalties.repetition[rows]  # [num_entries]; 1 leaves a value as it is
     values = torch.where(values > 0, values / repetition, values * repetition)  # [num_entries]
     counts = penalties.output_counts  # [num_entries]
-    values = values - penalties.frequency * counts - penalties.presence * (counts > 0)  # [num_entries]
+    values = values - penalties.frequency[rows] * counts - penalties.presence[rows] * (counts > 0)  # [num_entries]
     return logits.index_put_(index, values)  # [num_rows, vocab]; each (row, token) pair is there once
 
 

@@ -4,15 +4,20 @@ Each optional part (penalties, logit_bias, min_tokens, grammars, the top-k/top-p
 empty when no row of the step asks for it, so a step whose requests ask for none of them pays nothing.
 """
 
-from collections import Counter
+from array import array
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.memory.host_to_device import move_to_device
 from engine.sampling.grammar_mask import GrammarMask, build_grammar_mask
+from engine.sampling.penalty_counts import PenaltyCounts
 from engine.scheduling.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.speculative.verification import DraftPosition
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +31,9 @@ class Penalties:
     rows: torch.Tensor  # [num_entries] int64, indices into the step's sampled rows
     token_ids: torch.Tensor  # [num_entries] int64, each (row, token) pair once
     output_counts: torch.Tensor  # [num_entries] fp32, how often the token was generated so far (0: prompt only)
-    presence: torch.Tensor  # [num_entries] fp32, the row's presence_penalty
-    frequency: torch.Tensor  # [num_entries] fp32, the row's frequency_penalty
-    repetition: torch.Tensor  # [num_entries] fp32, the row's repetition_penalty (1: none)
+    presence: torch.Tensor  # [num_rows] fp32, each sampled row's presence_penalty
+    frequency: torch.Tensor  # [num_rows] fp32, each sampled row's frequency_penalty
+    repetition: torch.Tensor  # [num_rows] fp32, each sampled row's repetition_penalty (1: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,34 +108,43 @@ def _build(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) ->
 
 
 def _penalties(seqs: SequenceOf[Sequence], device: torch.device) -> Penalties | None:
-    rows, token_ids, counts, presence, frequency, repetition = [], [], [], [], [], []
+    token_ids, counts = array("q"), array("f")  # [num_entries], the rows' entries one after the other
+    rows, sizes = [], []  # each row with penalties, and its number of entries
     for row, seq in enumerate(seqs):
-        params = seq.params
-        if not params.has_penalties:
+        if not seq.params.has_penalties:
             continue
-        seen = Counter(seq.output_token_ids)
-        if params.repetition_penalty != 1.0:  # the prompt's tokens count for repetition only
-            seen.update(dict.fromkeys(set(seq.prompt_token_ids).difference(seen), 0))
-        rows += [row] * len(seen)
-        token_ids += seen.keys()
-        counts += seen.values()
-        presence += [params.presence_penalty] * len(seen)
-        frequency += [params.frequency_penalty] * len(seen)
-        repetition += [params.repetition_penalty] * len(seen)
-    if not rows:
+        entries = _penalty_counts(seq)
+        token_ids += entries.token_ids
+        counts += entries.counts
+        rows.append(row)
+        sizes.append(len(entries.token_ids))
+    if not token_ids:
         return None
+    params = [seq.params for seq in seqs]
 
-    def floats(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=device)  # [num_entries]
+    def per_row(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=device)  # [num_rows]
 
     return Penalties(
-        rows=torch.tensor(rows, device=device),  # [num_entries]
-        token_ids=torch.tensor(token_ids, device=device),  # [num_entries]
-        output_counts=floats(counts),
-        presence=floats(presence),
-        frequency=floats(frequency),
-        repetition=floats(repetition),
+        rows=torch.tensor(rows, device=device).repeat_interleave(
+            torch.tensor(sizes, device=device), output_size=len(token_ids)
+        ),  # [num_entries]
+        token_ids=torch.frombuffer(token_ids, dtype=torch.int64).to(device),
+        output_counts=torch.frombuffer(counts, dtype=torch.float32).to(device),
+        presence=per_row([p.presence_penalty for p in params]),
+        frequency=per_row([p.frequency_penalty for p in params]),
+        repetition=per_row([p.repetition_penalty for p in params]),
     )
+
+
+def _penalty_counts(seq: "Sequence | DraftPosition") -> PenaltyCounts:
+    """The row's penalty entries: its sequence's counts brought up to date, and for a speculating row's position
+    the proposed tokens before it counted too."""
+    own = seq if isinstance(seq, Sequence) else seq.seq
+    if own.penalty_counts is None:
+        own.penalty_counts = PenaltyCounts(own.prompt_token_ids, with_prompt=own.params.repetition_penalty != 1.0)
+    entries = own.penalty_counts.catch_up(own.token_ids)
+    return entries if own is seq else entries.with_tokens(seq.draft[: seq.offset])
 
 
 def _logit_bias(seqs: SequenceOf[Sequence], device: torch.device) -> SparseLogits | None:

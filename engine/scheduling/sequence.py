@@ -12,6 +12,7 @@ import torch
 from engine.output.detokenizer import IncrementalDetokenizer
 from engine.sampling.grammar import GrammarState
 from engine.sampling.logprobs import TokenLogprob
+from engine.sampling.penalty_counts import PenaltyCounts
 from engine.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token so far, when asked
     prompt_logprobs_done: bool = False  # every prompt token's logprob is in prompt_logprobs
     grammar: GrammarState | None = None  # structured output: where the output is in its grammar
+    penalty_counts: PenaltyCounts | None = None  # with penalties: its output's token counts, from the first step
     speculation_rate: float = 1.0  # recent share of its proposed tokens accepted (engine/speculative/speculation.py)
     num_steps_unspeculated: int = 0  # steps since it last proposed, while its rate is too low to propose
 

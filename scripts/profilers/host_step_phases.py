@@ -1,18 +1,17 @@
 """Where the host's decode step goes: bench_gpu's workload with a clock around each phase of a step.
 
 By default the tiny model of ``bench_gpu --quick`` (its random weights and adapters, one CPU thread); with
-``--cuda`` bench_gpu's model shape (``--shape``, llama-1b) in bf16 on the GPU. 256 requests of 16 prompt tokens
-over 16 adapters round robin (``--base``: none), greedy, ``ignore_eos``; once all 256 decode together (and
-have ``--after`` output tokens each), ``--steps`` steps are clocked. Each phase is a call the step makes once
-(scheduling, building the step's tables, moving them to the device, the forward pass, building the sampler's
-input, sampling, accepting, applying the tokens); the report is each phase's median over the steps, and the
-step's. One clock read a call, no profiler.
-The garbage collector's passes during those steps are timed too (``gc_full``: the count and total ms of full
-collections, ``gc_young`` of the others); the objects of the start are frozen first, as a worker process does,
-unless ``--no-freeze``.
-On a GPU a phase's time is the host's: the forward pass is the time to launch its kernels (``graph_forward`` on a
-step that replays a CUDA graph: its inputs copied and the graph launched), and sampling waits for the device
-(its read of the sampled tokens is the step's one synchronisation).
+``--cuda`` bench_gpu's model shape (``--shape``, llama-1b) in bf16 on the GPU. 256 requests of 16 prompt tokens over
+16 adapters round robin (``--base``: none), greedy, ``ignore_eos`` (``--frequency-penalty``: none); once all 256
+decode together (and have ``--after`` output tokens each), ``--steps`` steps are clocked. Each phase is a call the
+step makes once (scheduling, building the step's tables, moving them to the device, the forward pass, building the
+sampler's input, sampling, accepting, applying the tokens); the report is each phase's median over the steps, and
+the step's. One clock read a call, no profiler. The garbage collector's passes during those steps are timed too
+(``gc_full``: the count and total ms of full collections, ``gc_young`` of the others); the objects of the start are
+frozen first, as a worker process does, unless ``--no-freeze``. On a GPU a phase's time is the host's: the forward
+pass is the time to launch its kernels (``graph_forward`` on a step that replays a CUDA graph: its inputs copied and
+the graph launched), and sampling waits for the device (its read of the sampled tokens is the step's one
+synchronisation).
 
     python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
     python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
@@ -100,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--after", type=int, default=1, help="clock from the step after which every row has this many output tokens"
     )
+    parser.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="every request's (the sampler then counts its tokens)"
+    )
     parser.add_argument("--no-freeze", action="store_true", help="leave the start's objects to the collector")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
@@ -133,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             names.append(f"a{index}")
     if not args.no_freeze:
         freeze_startup_heap()
-    params = SamplingParams(max_tokens=args.after + args.steps + 8, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=args.after + args.steps + 8,
+        temperature=0.0,
+        ignore_eos=True,
+        frequency_penalty=args.frequency_penalty,
+    )
     for index, prompt in enumerate(make_requests(NUM_ROWS, engine.model_config.vocab_size, 16, seed=0)):
         engine.add_request(prompt, params, adapter=names[index % len(names)] if names else None)
     scheduler = engine.scheduler

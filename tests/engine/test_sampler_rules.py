@@ -9,6 +9,7 @@ from engine.sampling.sampler import apply_logit_rules, sample
 from engine.sampling.sampling_batch import build_sampling_batch
 from engine.sampling.sampling_params import SamplingParams
 from engine.scheduling.sequence import Sequence
+from engine.speculative.verification import DraftPosition
 
 VOCAB = 97  # odd, so no row of ones lines up with anything
 EOS = 3
@@ -67,6 +68,29 @@ def test_logit_rules_match_the_reference(trial: int) -> None:
         if seq.params.greedy:
             assert tokens[row] == int(reference[row].argmax())
     assert tokens[4] not in (EOS, 7, 8) and tokens[5] != 6
+
+
+def test_penalty_counts_follow_the_tokens_appended_between_steps() -> None:
+    """A sequence's counts are brought up to date from its last step's: still the reference's after more tokens,
+    and a speculating row's position counts the proposed tokens before it without changing its sequence's."""
+    rng = random.Random(5)
+    seqs = [_seq(p, rng) for p in ROW_PARAMS]
+    for num_new in (1, 4, 0, 7):
+        for seq in seqs:
+            seq.token_ids += [rng.randrange(12) for _ in range(num_new)]
+        logits = torch.randn(len(seqs), VOCAB) * 3  # [rows, vocab]
+        got = apply_logit_rules(logits.clone(), build_sampling_batch(seqs, VOCAB, torch.device("cpu")))
+        torch.testing.assert_close(got, _reference(logits, seqs), rtol=1e-5, atol=1e-5)
+
+    seq = seqs[3]  # repetition and frequency penalties
+    draft = (40, 41, 40)
+    position = DraftPosition(seq, draft, offset=2)
+    proposed = _seq(seq.params, rng, num_output=0)
+    proposed.token_ids[:] = [*seq.token_ids, *draft[:2]]
+    proposed.prompt_token_ids = seq.prompt_token_ids
+    logits = torch.randn(2, VOCAB) * 3  # [2, vocab]
+    got = apply_logit_rules(logits.clone(), build_sampling_batch([position, seq], VOCAB, torch.device("cpu")))
+    torch.testing.assert_close(got, _reference(logits, [proposed, seq]), rtol=1e-5, atol=1e-5)
 
 
 def test_a_step_without_rules_builds_nothing_and_returns_the_logits_untouched() -> None:
