@@ -68,7 +68,7 @@ def demo_adapter(name: str) -> DemoAdapter:
 
 def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Path]:
     """The demo adapters' folders, training them first if they are missing; empty if that cannot run."""
-    root = settings.home / "demo-adapters"
+    root = demo_adapters_root(settings)
     folders = {adapter.name: root / adapter.name for adapter in DEMO_ADAPTERS}
     if all((folder / "adapter_model.safetensors").is_file() for folder in folders.values()):
         return folders
@@ -76,10 +76,19 @@ def ensure_demo_adapters(settings: Settings, model_folder: Path) -> dict[str, Pa
         logger.warning("demo adapters missing and %s not found; showing the base model only", TRAINING_SCRIPT)
         return {}
     logger.info("training the demo adapters once (a few minutes on two cores) into %s", root)
-    command = [sys.executable, str(TRAINING_SCRIPT), "--out", str(root), "--model", str(model_folder)]
     try:
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(training_command(root, model_folder), check=True, stdout=subprocess.DEVNULL)
     except subprocess.CalledProcessError as error:
         logger.warning("training the demo adapters failed (exit %d); showing the base model only", error.returncode)
         return {}
     return folders
+
+
+def demo_adapters_root(settings: Settings) -> Path:
+    """The folder the demo adapters are trained into (each in a folder of its name)."""
+    return settings.home / "demo-adapters"
+
+
+def training_command(root: Path, model_folder: Path) -> list[str]:
+    """The command that trains the demo adapters on ``model_folder`` into ``root``/<name>."""
+    return [sys.executable, str(TRAINING_SCRIPT), "--out", str(root), "--model", str(model_folder)]

@@ -28,6 +28,7 @@ from tests.app.live_server import LiveServer, live_server
 from tests.app.postgres import real_postgres, truncate_all
 from tests.app.ray_fixtures import session_ray_engine
 from tests.app.redis_server import RedisServer, real_redis
+from tests.background_jobs import TRAINED_ENV, demo_training_settings, job_for
 from tests.engine.lora_helpers import make_peft_adapter
 
 
@@ -112,13 +113,20 @@ def tenant_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def trained_demo_adapters(data_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The demo adapters as a first start trains them (a few minutes on two cores), once for the session; or the
-    ones in LORAPLEX_TEST_DEMO_ADAPTERS, a folder that training wrote (its pirate/, french/, weather/)."""
-    if trained := os.environ.get("LORAPLEX_TEST_DEMO_ADAPTERS"):
+def trained_demo_adapters(
+    request: pytest.FixtureRequest, data_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The demo adapters as a first start trains them, once for the session: by the job that started with the
+    session's tests (tests/background_jobs.py), else here; or the ones in LORAPLEX_TEST_DEMO_ADAPTERS, a folder that
+    training wrote (its pirate/, french/, weather/)."""
+    if trained := os.environ.get(TRAINED_ENV):
         return {demo.name: Path(trained) / demo.name for demo in DEMO_ADAPTERS}
-    home = tmp_path_factory.mktemp("demo-home")
-    folders = ensure_demo_adapters(Settings(home=home, model="default"), resolve_model("default", data_home))
+    if job := job_for(request, "trained_demo_adapters"):
+        job.wait()
+        settings = demo_training_settings(job.folder)
+    else:
+        settings = Settings(home=tmp_path_factory.mktemp("demo-home"), model="default")
+    folders = ensure_demo_adapters(settings, resolve_model("default", data_home))  # trains unless the job did
     assert set(folders) == {demo.name for demo in DEMO_ADAPTERS}, "training the demo adapters failed"
     return folders
 
