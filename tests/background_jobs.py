@@ -1,10 +1,10 @@
 """Slow set-up that runs in a process of its own while the session's other tests run (a plugin of tests/conftest.py).
 
-Training the demo adapters (the fixture ``trained_demo_adapters``) is CPU time that no other test waits for. It is a
-job, started as the session's tests start when a selected test uses its fixture, at the lowest CPU priority: it runs
-on CPU time the tests leave idle, so the other tests run as they would without it. The tests that use a job's fixture
-run last, which leaves the job the rest of the session; the fixture waits for the job and fails with the end of its
-log if the job failed.
+Training the demo adapters (the fixture ``trained_demo_adapters``) and building the native kernels for AVX2 only
+(``avx2_library``) are CPU time that no other test waits for. Each is a job, started as the session's tests start
+when a selected test uses its fixture, at the lowest CPU priority: it runs on CPU time the tests leave idle, so the
+other tests run as they would without it. The tests that use a job's fixture run last, which leaves the job the
+rest of the session; the fixture waits for the job and fails with the end of its log if the job failed.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 from app.demo.adapters import demo_adapters_root, training_command
 from app.model_store import resolve_model
 from app.settings import Settings
+from loraplex_kernels.native_cpu import AVX2_MARCH, MARCH_ENV
 
 NICENESS = 19  # the lowest priority: a job gets the CPU only where no test wants it
 LOG_TAIL_CHARS = 4000  # of a failed job's log, in the fixture's error
@@ -92,8 +94,17 @@ def start_demo_training(folder: Path) -> BackgroundJob:
     return BackgroundJob("training the demo adapters", command, folder)
 
 
+def start_avx2_build(folder: Path) -> BackgroundJob:
+    """`loraplex kernels build` for an AVX2-only target: the library tests/kernels/test_avx2_build.py's child pytest
+    loads (it builds the library itself where it finds none)."""
+    command = [sys.executable, "-m", "app.cli.main", "kernels", "build"]
+    env = {**os.environ, MARCH_ENV: AVX2_MARCH}
+    return BackgroundJob("the AVX2 build of the native kernels", command, folder, env)
+
+
 JOBS: dict[str, Callable[[Path], BackgroundJob]] = {
     "trained_demo_adapters": start_demo_training,
+    "avx2_library": start_avx2_build,
 }
 """How each job starts, by the fixture that waits for it."""
 RUNNING = pytest.StashKey[dict[str, BackgroundJob]]()

@@ -2,7 +2,8 @@
 
 The suite's other kernel tests run the build for this CPU's own instruction set (AVX-512 where it has it);
 this one runs the native kernel tests in a child pytest with ``LORAPLEX_NATIVE_MARCH=haswell``, which
-builds the library a second time for AVX2 + FMA only (a library of its own name, kept beside the first).
+loads the library built a second time for AVX2 + FMA only (a library of its own name, kept beside the first): built
+by the fixture ``avx2_library``'s background job while the session's other tests run, else by the child itself.
 """
 
 import os
@@ -30,6 +31,7 @@ NATIVE_TESTS = [
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86-64 instruction set")
 @pytest.mark.skipif("avx2" not in cpu_flags().split(), reason="this CPU cannot run an AVX2 build")
+@pytest.mark.usefixtures("avx2_library")
 def test_native_kernels_pass_when_built_for_avx2_only() -> None:
     result = run_child_pytest(NATIVE_TESTS, {**os.environ, MARCH_ENV: AVX2_MARCH}, RUN_TIMEOUT_S, ("-p", "anyio"))
     summary = result.stdout.splitlines()[-1] if result.stdout else result.stderr[-2000:]
