@@ -4,7 +4,8 @@ Training the demo adapters (the fixture ``trained_demo_adapters``) and building 
 (``avx2_library``) are CPU time that no other test waits for. Each is a job, started as the session's tests start
 when a selected test uses its fixture, at the lowest CPU priority: it runs on CPU time the tests leave idle, so the
 other tests run as they would without it. The tests that use a job's fixture run last, which leaves the job the
-rest of the session; the fixture waits for the job and fails with the end of its log if the job failed.
+rest of the session; the fixture waits for the job, raised to normal priority, and fails with the end of its log if
+the job failed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from app.settings import Settings
 from loraplex_kernels.native_cpu import AVX2_MARCH, MARCH_ENV
 
 NICENESS = 19  # the lowest priority: a job gets the CPU only where no test wants it
+WAITED_NICENESS = 0  # once a test waits for the job, nothing else of the session's is running: normal priority
 LOG_TAIL_CHARS = 4000  # of a failed job's log, in the fixture's error
 TRAINED_ENV = "LORAPLEX_TEST_DEMO_ADAPTERS"  # a folder of trained demo adapters: no training job then
 
@@ -52,10 +54,15 @@ class BackgroundJob:
                 env=env,
                 start_new_session=True,  # so that stop() ends the compilers a build starts too
             )
-        _lowest_autogroup_priority(self.process.pid)
+        _set_autogroup_niceness(self.process.pid, NICENESS)
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Wait for the job to end; BackgroundJobError with its log's end if it failed or ran past ``timeout_s``."""
+        """Wait for the job to end, at normal priority where this process may raise it (else at the lowest, which
+        only work outside the session competes with); BackgroundJobError with its log's end if it failed or ran past
+        ``timeout_s``."""
+        with contextlib.suppress(OSError):  # every thread of the job's processes (a build's compilers: autogroup)
+            os.setpriority(os.PRIO_PGRP, self.process.pid, WAITED_NICENESS)
+        _set_autogroup_niceness(self.process.pid, WAITED_NICENESS)
         try:
             code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -74,12 +81,12 @@ class BackgroundJob:
         return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
 
 
-def _lowest_autogroup_priority(pid: int) -> None:
+def _set_autogroup_niceness(pid: int, niceness: int) -> None:
     """Where the kernel schedules each session as a group (autogroup), groups share the CPU by the group's nice
-    value, whatever their processes' own: the job's session gets the lowest, or it would take an equal share against
+    value, whatever their processes' own: the job's session gets the job's, or it would take an equal share against
     the tests' own sessions (Ray's, PostgreSQL's, a browser's). Without autogroup the processes' nice value holds."""
     with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(f"{NICENESS}\n")
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
 
 
 def demo_training_settings(folder: Path) -> Settings:
