@@ -154,6 +154,7 @@ class TenantService:
             after = tenant_out(tenant)
             record_change(session, actor, "tenant.update", TENANT, tenant.id, audit_view(before), audit_view(after))
         self.authenticator.forget_tenant(tenant.id)
+        self.resolver.forget_tenant(tenant.id)
         logger.info("updated tenant %s (%s): %s", tenant.name, tenant.id, ", ".join(sorted(changes)))
         return after
 
@@ -212,6 +213,7 @@ class TenantService:
                 },
             )
         self.authenticator.forget_tenant(tenant.id)
+        self.resolver.forget_tenant(tenant.id)
         logger.info(
             "deleted tenant %s (%s): %d keys revoked, %d adapters and %d stored responses deleted",
             tenant.name,
@@ -221,7 +223,6 @@ class TenantService:
             num_responses,
         )
         for adapter in adapters:
-            self.resolver.forget(tenant.id, adapter.name)
             await self.adapters.retire(adapter.id, adapter.digest)
         return after
 
