@@ -106,17 +106,24 @@ class IncrementalDetokenizer:
     def _add(self, new: str) -> str:
         """Append ``new`` to the text; what is now safe to show (all of it up to a stop string, once one is found)."""
         if not self._stop:  # nothing held back: everything before ``new`` was shown
-            self.text += new
+            self._append_text(new)
             self._num_emitted = len(self.text)
             return new
         search_from = max(0, len(self.text) - self._hold)
-        self.text += new
+        self._append_text(new)
         hits = [i for i in (self.text.find(s, search_from) for s in self._stop) if i >= 0]
         if hits:
             self.text = self.text[: min(hits)]
             self.stopped = True
             return self.flush()
         return self._release(len(self.text) - self._hold)
+
+    def _append_text(self, new: str) -> None:
+        """``self.text += new``, in place when nothing else holds the text: CPython grows a string in place only
+        when its one reference is a local variable, and an attribute's ``+=`` copies the whole text every token."""
+        text, self.text = self.text, ""
+        text += new
+        self.text = text
 
     def _decode_prefix(self) -> str:
         """The text of the tokens up to the last read: from the tokenizer's texts of single tokens when it is one,
