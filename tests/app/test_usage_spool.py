@@ -27,8 +27,12 @@ def test_released_lines_leave_the_file_and_the_rest_is_read_back(
     spool = UsageSpool(tmp_path, "usage-spool", max_bytes=64 * 1024**2)
     assert spool.open(first_seq=0) == []
     records = [usage_record(tenant_id, f"req-{index:06d}", index) for index in range(12_000)]  # some 4.5 MiB
-    for durable in [spool.append(seq, rec) for seq, rec in enumerate(records)]:
-        durable.result(WAIT_S)
+    # In groups of 1,000 (some 0.4 MiB), each durable before the next: the writer's batches stay under 1 MiB, so
+    # each of 1, 2 and 4 MiB is passed by a batch of its own (a batch that passes two logs once).
+    for first in range(0, len(records), 1_000):
+        group = range(first, first + 1_000)
+        for durable in [spool.append(seq, records[seq]) for seq in group]:
+            durable.result(WAIT_S)
     written = _file_bytes(tmp_path)
     assert written == spool.num_bytes > 4 * GROWTH_LOG_FIRST_BYTES
     growth = [r.getMessage() for r in caplog.records if r.name == SPOOL_LOGGER and r.levelno == logging.WARNING]
