@@ -42,15 +42,16 @@ from loraplex_kernels.triton_launch import (
     AOT_ATTENTION_SHAPE,
     ATTENTION_STRIDE_ARGS,
     TritonLaunch,
+    dot_precision,
     make_launch,
     triton_type,
 )
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
-# independent of block_size. Scores are a broadcast product, not tl.dot (which needs 16 query rows), so
-# one iteration holds [GROUP_PAD, 32, HEAD_DIM_PAD] fp32 values: 8K for SmolLM2 (group 3 -> 4, head_dim 64).
-# Chosen for register size, not yet tuned on a GPU.
+# independent of block_size. Both products are tl.dot on tensor cores: the kv head's group of query heads is
+# the Q tile's rows, padded to 16 (mma's M), so a K/V tile is read once for the whole group.
 _KEYS_PER_TILE = 32
+_MIN_DOT_ROWS = 16
 _NUM_WARPS = 4
 # The kernel exponentiates with exp2, so the softmax scale is carried in log2 units.
 _LOG2_E = math.log2(math.e)
@@ -93,10 +94,11 @@ def _paged_attention_kernel(
     group: tl.constexpr,  # query heads per kv head
     head_dim: tl.constexpr,
     block_size: tl.constexpr,
-    GROUP_PAD: tl.constexpr,  # group rounded up to a power of two
-    HEAD_DIM_PAD: tl.constexpr,  # head_dim rounded up to a power of two
+    GROUP_PAD: tl.constexpr,  # group rounded up to a power of two, at least 16 (tl.dot's rows)
+    HEAD_DIM_PAD: tl.constexpr,  # head_dim rounded up to a power of two, at least 16 (tl.dot's minimum)
     KEYS_PER_TILE: tl.constexpr,
     KEYS_PER_SPLIT: tl.constexpr,  # keys per chunk, a multiple of KEYS_PER_TILE
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32, ignored for bf16/fp16
 ):
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -122,7 +124,8 @@ def _paged_attention_kernel(
         head_offs = heads[:, None] * stride_q_head + d[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
         gd_mask = g_mask[:, None] & d_mask[None, :]  # [GROUP_PAD, HEAD_DIM_PAD]
         q_row = q_ptr + token.to(tl.int64) * stride_q_token
-        q = tl.load(q_row + head_offs, mask=gd_mask, other=0.0).to(tl.float32)  # [GROUP_PAD, HEAD_DIM_PAD]
+        # Padding rows are zeros: their scores are 0, so their running max stays finite; they are never stored.
+        q = tl.load(q_row + head_offs, mask=gd_mask, other=0.0)  # [GROUP_PAD, HEAD_DIM_PAD]
 
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # [GROUP_PAD] running max (log2 units)
         denom = tl.zeros([GROUP_PAD], tl.float32)  # [GROUP_PAD] running sum of exp2
@@ -136,28 +139,27 @@ def _paged_attention_kernel(
             pages = tl.load(
                 block_table + (keys // block_size) * stride_bt_block, mask=key_mask, other=0
             )  # [KEYS_PER_TILE]
-            slots = keys % block_size  # [KEYS_PER_TILE]
-            kv_offs = (
-                pages.to(tl.int64)[:, None] * stride_kv_page
-                + slots[:, None] * stride_kv_slot
-                + kv_head * stride_kv_head
-                + d[None, :]
+            key_offs = (
+                pages.to(tl.int64) * stride_kv_page + (keys % block_size) * stride_kv_slot + kv_head * stride_kv_head
+            )  # [KEYS_PER_TILE]
+            k_t = tl.load(
+                kv_ptr + key_offs[None, :] + d[:, None], mask=d_mask[:, None] & key_mask[None, :], other=0.0
+            )  # [HEAD_DIM_PAD, KEYS_PER_TILE], K transposed
+            v = tl.load(
+                kv_ptr + stride_kv_kind + key_offs[:, None] + d[None, :],
+                mask=key_mask[:, None] & d_mask[None, :],
+                other=0.0,
             )  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-            kd_mask = key_mask[:, None] & d_mask[None, :]  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-            k_ptrs = kv_ptr + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-            v_ptrs = kv_ptr + stride_kv_kind + kv_offs  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-            k = tl.load(k_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
-            v = tl.load(v_ptrs, mask=kd_mask, other=0.0).to(tl.float32)  # [KEYS_PER_TILE, HEAD_DIM_PAD]
 
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale_log2  # [GROUP_PAD, KEYS_PER_TILE]
+            scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, KEYS_PER_TILE]
             scores = tl.where(key_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, KEYS_PER_TILE]
 
             m_new = tl.maximum(m, tl.max(scores, axis=1))  # [GROUP_PAD]
             alpha = tl.exp2(m - m_new)  # [GROUP_PAD]
             p = tl.exp2(scores - m_new[:, None])  # [GROUP_PAD, KEYS_PER_TILE]
             denom = denom * alpha + tl.sum(p, axis=1)  # [GROUP_PAD]
-            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [GROUP_PAD, HEAD_DIM_PAD]
-            acc = acc * alpha[:, None] + pv  # [GROUP_PAD, HEAD_DIM_PAD]
+            acc = acc * alpha[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [GROUP_PAD, HEAD_DIM_PAD]
             m = m_new
 
         if position < KEYS_PER_SPLIT:  # the row is one chunk: its output, normalised here
@@ -191,10 +193,11 @@ def row_launch(
         "group": group,
         "head_dim": head_dim,
         "block_size": block_size,
-        "GROUP_PAD": triton.next_power_of_2(group),
-        "HEAD_DIM_PAD": triton.next_power_of_2(head_dim),
+        "GROUP_PAD": max(_MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        "HEAD_DIM_PAD": max(_MIN_DOT_ROWS, triton.next_power_of_2(head_dim)),
         "KEYS_PER_TILE": _KEYS_PER_TILE,
         "KEYS_PER_SPLIT": keys_per_split,
+        "DOT_PRECISION": dot_precision(dtype),
     }
     return make_launch(_paged_attention_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
 

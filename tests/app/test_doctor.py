@@ -210,11 +210,11 @@ def test_op_checks_pass_the_torch_ops_and_catch_a_wrong_one(op: str, monkeypatch
     assert not wrong.passed and wrong.max_error > 1e-3
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_op_checks_through_the_triton_kernels(dtype: torch.dtype) -> None:
     """The doctor's `cuda …` checks as they run on a GPU (the Triton kernels for attention and SGMV, torch for
-    the rest), under Triton's interpreter on the CPU. Not bfloat16: the interpreter's tl.dot multiplies its
-    bit patterns (see tests/kernels/test_paged_prefill_attention.py); compiled kernels do not."""
+    the rest), under Triton's interpreter on the CPU (its bfloat16 tl.dot made to multiply values:
+    tests/triton_bf16_dot.py)."""
     for op in OPS:
         check = op_checks.run_op_check(op, torch.device("cpu"), dtype, KernelBackend.TRITON)
         assert check.passed, check

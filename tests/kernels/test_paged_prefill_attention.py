@@ -3,9 +3,8 @@
 to the row kernel.
 
 The interpreter is ~3000x slower than a GPU, so the shapes are tiny: two or three chunks of 16-40 rows,
-head_dim 16 and 24 (padded to 32), pages of 4 and 16 tokens, groups of 1 and 3. bfloat16 is compiled ahead
-of time only (tests/kernels/test_triton_aot.py): the interpreter's tl.dot multiplies bfloat16 bit patterns
-as integers (see tests/kernels/test_sgmv.py).
+head_dim 16 and 24 (padded to 32), pages of 4 and 16 tokens, groups of 1 and 3. The interpreter's bfloat16
+``tl.dot`` multiplies values here, not bit patterns (tests/triton_bf16_dot.py).
 """
 
 import itertools
@@ -70,12 +69,13 @@ def test_tiled_kernel_matches_float64_reference(
     assert_close(out.double(), reference(batch), tol=1e-4, seed=seed)
 
 
-def test_tiled_kernel_float16_close_to_reference(seed: int):
-    batch = make_batch(LONG, 2, 3, 24, torch.float16, seed, block_size=4)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tiled_kernel_16_bit_close_to_reference(dtype: torch.dtype, seed: int):
+    batch = make_batch(LONG, 2, 3, 24, dtype, seed, block_size=4)
 
     out = run_tiled(batch)
 
-    assert out.dtype == torch.float16
+    assert out.dtype == dtype
     assert_close(out.double(), reference(batch), tol=2e-2, seed=seed)
 
 

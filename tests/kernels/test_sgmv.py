@@ -231,9 +231,8 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float, seed:
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol, msg=lambda m: f"{m}\nseed={seed}")
 
 
-def check_both_ops(case: Case, seed: int, tol: float = 1e-4, triton: bool = True) -> None:
-    """Triton (unless ``triton`` is False) and torch shrink and expand against the float64 reference;
-    what the ops do not own stays untouched."""
+def check_both_ops(case: Case, seed: int, tol: float = 1e-4) -> None:
+    """Triton and torch shrink and expand against the float64 reference; what the ops do not own stays untouched."""
     layer_offset = LAYER * PAGE_SIZE
     v_mask, y_mask = written(case)
     expected_v = reference_shrink(case, LAYER)
@@ -247,7 +246,7 @@ def check_both_ops(case: Case, seed: int, tol: float = 1e-4, triton: bool = True
         "triton": lambda y: sgmv_expand_triton(case.v, case.storage, case.meta, layer_offset, y),
         "torch": lambda y: sgmv_expand_torch(case.v, case.storage, case.meta, layer_offset, y, plan),
     }
-    for name in ["triton", "torch"] if triton else ["torch"]:
+    for name in ["triton", "torch"]:
         v = shrinks[name]()
         assert v.dtype == case.x.dtype and v.shape == expected_v.shape, name
         assert_close(v.double(), expected_v, tol, seed)
@@ -295,12 +294,11 @@ def test_float16_close_to_reference(seed: int):
     check_both_ops(case, seed, tol=1e-2)
 
 
-def test_bfloat16_torch_close_to_reference(seed: int):
-    """The Triton kernels are not run in bfloat16 here: the interpreter's tl.dot multiplies bfloat16 bit
-    patterns as integers (triton-lang/triton#11584, "not supported yet"). On a GPU bfloat16 takes the
-    float16 test's code path (both are 16-bit tl.dot operands accumulated in fp32)."""
+def test_bfloat16_close_to_reference(seed: int):
+    """Through the Triton kernels too: the interpreter's bfloat16 tl.dot multiplies values here, not bit
+    patterns (tests/triton_bf16_dot.py)."""
     case = make_case("qkv", [7, 16], "uniform", num_tokens=19, dtype=torch.bfloat16, seed=seed)
-    check_both_ops(case, seed, tol=2e-2, triton=False)
+    check_both_ops(case, seed, tol=2e-2)
 
 
 def test_one_plan_serves_every_layer_and_dispatch_is_the_torch_path(seed: int):
@@ -338,13 +336,12 @@ def test_empty_segments_change_nothing(seed: int):
 )
 def test_segments_longer_than_a_token_tile_match_float64_reference(dtype: torch.dtype, tol: float, seed: int):
     """Each token tile of a segment is a program of its own: every token of a segment of 15 to 40 tokens
-    written once, beside one-token, empty and base-model segments. bfloat16 runs torch only (see
-    test_bfloat16_torch_close_to_reference)."""
+    written once, beside one-token, empty and base-model segments."""
     lengths, adapters = zip(*TILED_SEGMENTS, strict=True)
     case = case_of_segments("qkv", [7, 16, 64], list(lengths), list(adapters), dtype, seed)
     # only segments with an adapter have tiles: 17, 1, 40, 15 and 16 tokens make 2 + 1 + 3 + 1 + 1
     assert shrink_grid(case.meta)[0] == expand_grid(case.meta)[0] == 8
-    check_both_ops(case, seed, tol, triton=dtype is not torch.bfloat16)
+    check_both_ops(case, seed, tol)
 
 
 @pytest.mark.parametrize(("in_per_split", "num_splits"), [(16, {48: 3, 33: 3, 64: 4}), (20, {48: 3, 33: 2, 64: 4})])
