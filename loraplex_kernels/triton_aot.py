@@ -8,8 +8,12 @@ lacks. The kernels are found by walking the package, so a new kernel is covered 
 one without a launch spec is a failed result that names it.
 
 What is compiled: every pointer argument aligned to 16 bytes (as a torch allocation is, and as the
-runtime then specializes it) and every int as a generic ``i32`` (the runtime also compiles a variant
-for an int equal to 1, or divisible by 16; those are not built here).
+runtime then specializes it); every ``stride_*`` int the kernel lets the runtime specialize (not in its
+``do_not_specialize``) divisible by 16, as the runtime specializes the strides of a model whose head and
+hidden sizes are multiples of 16 (without it no load of a gathered row is known to be 16-byte aligned,
+and the loads that feed ``tl.dot`` are neither vectorized nor pipelined: the registers and shared memory
+reported would be another kernel's); every other int as a generic ``i32`` (the runtime also compiles a
+variant for an int equal to 1; that is not built here).
 
 ``triton.jit`` picks the interpreter when a kernel is defined under ``TRITON_INTERPRET=1`` (as the test
 session sets it), so this must run in a process without it: ``scripts/tools/triton_aot_report.py``.
@@ -104,12 +108,11 @@ def compile_launch(launch: TritonLaunch, arch: int) -> AotResult:
             f"{launch.kernel_name} is a {type(launch.kernel).__name__}: run without TRITON_INTERPRET "
             "(triton.jit reads it when a kernel is defined)"
         )
-    pointers = [i for i, kind in enumerate(launch.signature.values()) if kind.startswith("*")]
     src = ASTSource(
         launch.kernel,
         dict(launch.signature),
         dict(launch.constexprs),
-        attrs={(i,): [["tt.divisibility", 16]] for i in pointers},
+        attrs={(i,): [["tt.divisibility", 16]] for i in _aligned_args(launch)},
     )
     target = f"sm_{arch}"
     start = time.perf_counter()
@@ -134,6 +137,16 @@ def compile_launch(launch: TritonLaunch, arch: int) -> AotResult:
         seconds,
         "",
     )
+
+
+def _aligned_args(launch: TritonLaunch) -> list[int]:
+    """Positions of the arguments compiled as divisible by 16: the pointers, and the strides the runtime specializes."""
+    generic = set(launch.kernel.do_not_specialize)
+    return [
+        i
+        for i, (name, kind) in enumerate(launch.signature.items())
+        if kind.startswith("*") or (kind == "i32" and name.startswith("stride_") and name not in generic)
+    ]
 
 
 def cubin_resources(cubin: bytes) -> tuple[int, int]:
