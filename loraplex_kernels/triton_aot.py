@@ -141,11 +141,11 @@ def compile_launch(launch: TritonLaunch, arch: int) -> AotResult:
 
 def _aligned_args(launch: TritonLaunch) -> list[int]:
     """Positions of the arguments compiled as divisible by 16: the pointers, and the strides the runtime specializes."""
-    generic = set(launch.kernel.do_not_specialize)
+    generic = set(launch.kernel.do_not_specialize)  # names, or positions in some Triton versions
     return [
         i
         for i, (name, kind) in enumerate(launch.signature.items())
-        if kind.startswith("*") or (kind == "i32" and name.startswith("stride_") and name not in generic)
+        if kind.startswith("*") or (kind == "i32" and name.startswith("stride_") and not generic & {name, i})
     ]
 
 
