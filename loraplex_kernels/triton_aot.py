@@ -8,9 +8,10 @@ lacks. The kernels are found by walking the package, so a new kernel is covered 
 one without a launch spec is a failed result that names it.
 
 What is compiled: every pointer argument aligned to 16 bytes (as a torch allocation is, and as the
-runtime then specializes it); every ``stride_*`` int the kernel lets the runtime specialize (not in its
-``do_not_specialize``) divisible by 16, as the runtime specializes the strides of a model whose head and
-hidden sizes are multiples of 16 (without it no load of a gathered row is known to be 16-byte aligned,
+runtime then specializes it); every ``stride_*`` int, and the ints of _MODEL_SHAPE_INTS, that the kernel lets
+the runtime specialize (not in its ``do_not_specialize``) divisible by 16, as the runtime specializes them for
+a model whose head and hidden sizes are multiples of 16 (without it no load of a gathered row is known to be
+16-byte aligned,
 and the loads that feed ``tl.dot`` are neither vectorized nor pipelined: the registers and shared memory
 reported would be another kernel's); every other int as a generic ``i32`` (the runtime also compiles a
 variant for an int equal to 1; that is not built here).
@@ -44,6 +45,10 @@ from loraplex_kernels.triton_launch import TritonLaunch, kernel_name
 TARGET_ARCHS = (80, 90)
 _WARP_SIZE = 32
 _RESOURCE_RE = re.compile(r"REG:(\d+) STACK:(\d+)")
+_NARROW_LOAD_RE = re.compile(r"\bld\.global(?:\.\w+)*\.[bu]16\b")
+# Int parameters besides the strides that are multiples of 16 at model shapes: a projection's input width, and
+# the pool's offset of a layer (a multiple of its pages' layer slice).
+_MODEL_SHAPE_INTS = ("in_dim", "layer_offset")
 
 
 class AotEnvironmentError(RuntimeError):
@@ -61,6 +66,7 @@ class AotResult:
     registers: int | None  # per thread, from the cubin
     shared_bytes: int | None  # dynamic shared memory per program, from Triton's metadata
     stack_bytes: int | None  # per-thread stack frame in the cubin: where ptxas spills registers (0: no spills)
+    narrow_loads: int | None  # 2-byte global loads in the PTX: a 16-bit tile read an element at a time
     compile_seconds: float
     error: str  # the compiler's message when not ok, else ""
 
@@ -124,7 +130,9 @@ def compile_launch(launch: TritonLaunch, arch: int) -> AotResult:
     except Exception as exc:  # any failure of the compiler or ptxas is this launch's result
         seconds = time.perf_counter() - start
         message = f"{type(exc).__name__}: {exc}".strip()
-        return AotResult(launch.kernel_name, target, dtype_name(launch), False, None, None, None, seconds, message)
+        return AotResult(
+            launch.kernel_name, target, dtype_name(launch), False, None, None, None, None, seconds, message
+        )
     seconds = time.perf_counter() - start
     return AotResult(
         launch.kernel_name,
@@ -134,19 +142,21 @@ def compile_launch(launch: TritonLaunch, arch: int) -> AotResult:
         registers,
         compiled.metadata.shared,
         stack_bytes,
+        len(_NARROW_LOAD_RE.findall(compiled.asm["ptx"])),
         seconds,
         "",
     )
 
 
 def _aligned_args(launch: TritonLaunch) -> list[int]:
-    """Positions of the arguments compiled as divisible by 16: the pointers, and the strides the runtime specializes."""
+    """Positions of the arguments compiled as divisible by 16: the pointers, and the strides and model widths the
+    runtime specializes."""
     generic = set(launch.kernel.do_not_specialize)  # names, or positions in some Triton versions
-    return [
-        i
+    shape_ints = [
+        kind == "i32" and (name.startswith("stride_") or name in _MODEL_SHAPE_INTS) and not generic & {name, i}
         for i, (name, kind) in enumerate(launch.signature.items())
-        if kind.startswith("*") or (kind == "i32" and name.startswith("stride_") and not generic & {name, i})
     ]
+    return [i for i, kind in enumerate(launch.signature.values()) if kind.startswith("*") or shape_ints[i]]
 
 
 def cubin_resources(cubin: bytes) -> tuple[int, int]:
@@ -173,7 +183,7 @@ def compile_all(archs: tuple[int, ...] = TARGET_ARCHS) -> list[AotResult]:
     for name in sorted(find_kernels()):
         if name not in launches:
             error = f"no launch spec: {name} is not listed by its module's triton_launches()"
-            results.append(AotResult(name, "", "", False, None, None, None, 0.0, error))
+            results.append(AotResult(name, "", "", False, None, None, None, None, 0.0, error))
             continue
         results += [compile_launch(launch, arch) for arch in archs for launch in launches[name]]
     return results

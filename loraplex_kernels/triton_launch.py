@@ -6,7 +6,8 @@ from that object, and its ``triton_launches()`` lists the launches for every dty
 ahead-of-time compile (``loraplex_kernels.triton_aot``) builds exactly what runs and cannot drift from it.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,42 @@ class TritonLaunch:
     @property
     def kernel_name(self) -> str:
         return kernel_name(self.kernel)
+
+    def options(self) -> dict[str, int]:
+        """What the launcher passes besides the arguments: ``num_warps``, or the options a tuning run set."""
+        tuned = _TUNED.get(self.kernel)
+        if tuned is None:
+            return {"num_warps": self.num_warps}
+        return {"num_warps": tuned.num_warps} | ({"num_stages": tuned.num_stages} if tuned.num_stages else {})
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchOptions:
+    """A kernel's launch options other than its launch spec's, as a tuning run tries them."""
+
+    num_warps: int
+    num_stages: int | None = None  # None: Triton's default for the target
+
+
+_TUNED: dict[Any, LaunchOptions] = {}  # by kernel object: what tuned_launch set, for the block it runs
+
+
+@contextmanager
+def tuned_launch(kernel: Any, options: LaunchOptions) -> Iterator[None]:
+    """Launch ``kernel`` (a ``@triton.jit`` object) with ``options`` inside the block, whatever its launch spec says.
+
+    For a tuning sweep (``scripts/benchmarks/kernels/bench_triton_kernels.py``): the launchers read their options
+    through ``TritonLaunch.options``, so the kernel runs as the engine launches it but for these options.
+    """
+    previous = _TUNED.get(kernel)
+    _TUNED[kernel] = options
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _TUNED[kernel]
+        else:
+            _TUNED[kernel] = previous
 
 
 def kernel_name(kernel: Any) -> str:

@@ -2,14 +2,18 @@
 
 For each target module m, in the order of ``PROJECTIONS``, the adapter stores ``A_m`` (r_m rows of
 in_m) then ``B_mᵀ`` (r_m rows of out_m). Rows are laid out one after another in the pages' layer
-slices; a row that does not fit the rest of a page starts the next page, so no row straddles a page
-and every row is contiguous. Every layer uses the same offsets, so one row table serves all layers:
-the address of row i at layer l is ``row_addr[i] + l * P`` in the flat pool.
+slices, each starting at a multiple of ROW_ALIGN elements; a row that does not fit the rest of a page
+starts the next page, so no row straddles a page and every row is contiguous. Every layer uses the same
+offsets, so one row table serves all layers: the address of row i at layer l is ``row_addr[i] + l * P``
+in the flat pool. With P a multiple of ROW_ALIGN, as a pool of 16-token blocks is, every row address
+is one too, so the Triton SGMV kernels read rows with 16-byte loads (``SgmvMetadata.row_align``).
 
 A module whose rank differs between layers (``rank_pattern`` keyed by layer) gets the largest of its
 ranks; the extra rows of the other layers hold zeros, which add nothing.
 """
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +21,8 @@ import torch
 from engine.adapters.lora_adapter import LoraAdapter
 from engine.adapters.lora_config import PROJECTIONS, projection_shapes
 from engine.config import ModelConfig
+
+ROW_ALIGN = 16  # elements: where each row starts in a page's layer slice
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,34 +61,43 @@ class AdapterLayout:
 def plan_layout(adapter: LoraAdapter, model: ModelConfig, page_elems: int) -> AdapterLayout:
     shapes = projection_shapes(model)
     groups: list[RowGroup] = []
-    row_pages: list[int] = []
-    row_offsets: list[int] = []
-    page, offset = 0, 0
+    dims: list[int] = []
     for module in adapter.modules:
         in_dim, out_dim = shapes[module]
         for kind, dim in (("a", in_dim), ("b", out_dim)):
             rank = adapter.ranks[module]
-            groups.append(RowGroup(module, kind, rank, dim, len(row_pages)))
-            for _ in range(rank):
-                if offset + dim > page_elems:
-                    page, offset = page + 1, 0
-                row_pages.append(page)
-                row_offsets.append(offset)
-                offset += dim
-    return AdapterLayout(tuple(groups), tuple(row_pages), tuple(row_offsets), page + 1 if row_pages else 0)
+            groups.append(RowGroup(module, kind, rank, dim, len(dims)))
+            dims += [dim] * rank
+    places = list(_row_places(dims, page_elems))
+    row_pages = tuple(page for page, _ in places)
+    row_offsets = tuple(offset for _, offset in places)
+    return AdapterLayout(tuple(groups), row_pages, row_offsets, row_pages[-1] + 1 if places else 0)
 
 
 def pages_for_rank(model: ModelConfig, rank: int, page_elems: int) -> int:
     """Pages an adapter of ``rank`` on every projection takes (rows packed as :func:`plan_layout` packs them)."""
     shapes = projection_shapes(model)
+    dims = [dim for module in PROJECTIONS for dim in shapes[module] for _ in range(rank)]
+    places = list(_row_places(dims, page_elems))
+    return places[-1][0] + 1 if places else 1
+
+
+def row_alignment(page_elems: int) -> int:
+    """What every row address of a layout is a multiple of, at every layer of a pool of ``page_elems`` (P):
+    rows start at multiples of ROW_ALIGN in their pages, pages and layers at multiples of P."""
+    return math.gcd(ROW_ALIGN, page_elems)
+
+
+def _row_places(dims: list[int], page_elems: int) -> Iterator[tuple[int, int]]:
+    """(page index, element offset) of each row of ``dims`` elements, one after another from page 0, each
+    starting at a multiple of ROW_ALIGN and in a page whose rest holds it whole."""
     page, offset = 0, 0
-    for module in PROJECTIONS:
-        for dim in shapes[module]:
-            for _ in range(rank):
-                if offset + dim > page_elems:
-                    page, offset = page + 1, 0
-                offset += dim
-    return page + 1
+    for dim in dims:
+        offset = -(-offset // ROW_ALIGN) * ROW_ALIGN
+        if offset + dim > page_elems:
+            page, offset = page + 1, 0
+        yield page, offset
+        offset += dim
 
 
 def group_rows(adapter: LoraAdapter, group: RowGroup, num_layers: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.adapters.adapter_layout import row_alignment
 from engine.adapters.lora_batch import LoraStep
 from engine.memory.device_mirror import DeviceMirror
 from engine.memory.host_to_device import move_to_device
@@ -119,11 +120,14 @@ class DecodeGraphs:
 
     def _lora_fits(self, lora: LoraStep) -> bool:
         """The Triton kernels' tables, whose rows at the last layer end inside the pool (the check a kernel
-        launch makes on the step's own tables; a graph's launches see only the padded ones)."""
+        launch makes on the step's own tables; a graph's launches see only the padded ones), each row at a
+        multiple of the alignment the graphs' kernels were compiled for."""
         storage = self._pool.storage
         last_layer = (storage.shape[1] - 1) * lora.page_elems
+        row_align = row_alignment(lora.page_elems)
         return lora.backend is KernelBackend.TRITON and all(
-            pool_holds_rows(storage, group.meta, last_layer) for group in lora.groups.values()
+            pool_holds_rows(storage, group.meta, last_layer) and group.meta.row_align % row_align == 0
+            for group in lora.groups.values()
         )
 
     def forward(self, batch: StepBatch) -> torch.Tensor:

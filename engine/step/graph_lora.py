@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.adapters.adapter_layout import row_alignment
 from engine.adapters.lora_batch import MODULE_GROUPS, LoraGroup, LoraStep
 from engine.memory.device_mirror import DeviceMirror, FieldSpec
 from loraplex_kernels.backend import KernelBackend
@@ -57,6 +58,7 @@ class GraphLoraTables:
     def __init__(self, capacity: LoraCapacity, example: LoraStep, rows: int, device: torch.device):
         self.capacity = capacity
         self._rows = rows
+        self.row_align = row_alignment(example.page_elems)  # what every step's row addresses are multiples of
         fields: dict[str, FieldSpec] = {}
         for name in capacity.groups:
             num_modules = example.groups[name].meta.num_modules
@@ -120,6 +122,8 @@ class GraphLoraTables:
             v_width=num_modules * capacity.rank,
             max_rank=capacity.rank,
             max_row_end=0,  # the pool bound is checked on each step's own tables (DecodeGraphs.fits)
+            row_align=self.row_align,  # every step's, as DecodeGraphs.fits checks
+            out_align=meta.out_align,  # the model's widths: every step's
             seg_starts_list=(0,) * capacity.segments + (self._rows,),
             row_start_a_list=none,
             row_start_b_list=none,

@@ -279,7 +279,7 @@ def paged_attention_triton(
         *scratch.strides(),
         MIN_TILED_ROWS,
         **launch.constexprs,
-        num_warps=launch.num_warps,
+        **launch.options(),
     )
     if max_splits > 1:
         combine_splits(out, scratch, meta, num_kv_heads, keys_per_split)

@@ -228,5 +228,5 @@ def combine_splits(
         *scratch.strides(),
         MIN_TILED_ROWS,
         **launch.constexprs,
-        num_warps=launch.num_warps,
+        **launch.options(),
     )

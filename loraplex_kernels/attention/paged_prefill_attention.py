@@ -235,5 +235,5 @@ def paged_prefill_attention_triton(
         meta.block_tables.stride(0),
         meta.block_tables.stride(1),
         **launch.constexprs,
-        num_warps=launch.num_warps,
+        **launch.options(),
     )

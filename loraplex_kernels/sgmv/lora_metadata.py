@@ -19,10 +19,16 @@ segment that reads adapter rows. ``tiles[i] = (segment, first token)`` lists the
 as its tiles, whatever its segments' lengths: a prefill chunk of 512 tokens beside 200 one-token decode
 segments is 232 tiles, not 201 × 32. A tile whose first token is at or past its segment's end does nothing,
 which is how a table padded to a fixed length (a CUDA graph's) fills its unused rows.
+
+``row_align`` and ``out_align`` are the largest powers of two up to MAX_ALIGN that divide every row address,
+and every output width and offset: the kernels tell the compiler so (``tl.multiple_of``), which lets it read
+a row's elements with 16-byte loads and stage them in shared memory ahead of use. The engine's adapter
+layout starts every row at a multiple of 16 elements, so at model shapes both are 16.
 """
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,6 +39,7 @@ from loraplex_kernels.host_tensor import host_tensor
 
 SKIP = -1  # row_start_a / row_start_b of a (segment, module) that reads no adapter rows
 TOKENS_PER_TILE = 16  # tokens of one program of the Triton kernels (tl.dot needs at least 16 a side)
+MAX_ALIGN = 16  # elements: the most row_align and out_align claim (16-byte loads of fp32 need 4, of bf16 8)
 
 
 class ModuleRows(NamedTuple):
@@ -75,6 +82,8 @@ class SgmvMetadata:
     v_width: int  # columns of v: the largest sum of one segment's ranks
     max_rank: int  # the largest rank of any (segment, module)
     max_row_end: int  # the largest row_addr + row length over the rows read, at layer 0 (bounds check)
+    row_align: int  # a power of two up to MAX_ALIGN dividing every row_addr
+    out_align: int  # a power of two up to MAX_ALIGN dividing every out_dims and out_offsets
     seg_starts_list: tuple[int, ...]  # host copies of the tables above, for the CPU implementation
     row_start_a_list: tuple[tuple[int, ...], ...]
     row_start_b_list: tuple[tuple[int, ...], ...]
@@ -211,6 +220,8 @@ def build_sgmv_metadata(
         v_width=v_width,
         max_rank=max(max(seg_ranks) for seg_ranks in ranks),
         max_row_end=max_row_end,
+        row_align=math.gcd(MAX_ALIGN, *row_addr),
+        out_align=math.gcd(MAX_ALIGN, *out_dims, *out_offsets),
         seg_starts_list=tuple(seg_starts),
         row_start_a_list=tuple(row_start_a),
         row_start_b_list=tuple(row_start_b),

@@ -7,12 +7,13 @@ sums (one per slice of the input columns, see sgmv_shrink) and adds them in slic
 """
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from loraplex_kernels.sgmv.lora_metadata import TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
+from loraplex_kernels.sgmv.lora_metadata import MAX_ALIGN, TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
 from loraplex_kernels.sgmv.sgmv_shrink import check_pool
 from loraplex_kernels.sgmv.sgmv_torch import sgmv_expand_torch
 from loraplex_kernels.sgmv.sgmv_torch_plan import SgmvTorchPlan
@@ -52,6 +53,8 @@ def _sgmv_expand_kernel(
     TOKENS_PER_TILE: tl.constexpr,
     RANK_PER_TILE: tl.constexpr,
     OUT_PER_TILE: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,  # every row address at this layer is a multiple of it (SgmvMetadata.row_align)
+    OUT_ALIGN: tl.constexpr,  # every output width and offset is a multiple of it (SgmvMetadata.out_align)
 ):
     tile = tiles_ptr + tl.program_id(0).to(tl.int64) * 2
     seg = tl.load(tile)
@@ -60,13 +63,13 @@ def _sgmv_expand_kernel(
     first_col = tl.program_id(2) * OUT_PER_TILE
     pair = seg * num_modules + module
     rank = tl.load(ranks_ptr + pair)
-    out_dim = tl.load(out_dims_ptr + module)
+    out_dim = tl.multiple_of(tl.load(out_dims_ptr + module), OUT_ALIGN)
     tok_end = tl.load(seg_starts_ptr + seg + 1)
     # skipped pairs, tiles past this module's width and tiles at or past the segment's end exit at once
     if (rank > 0) & (first_col < out_dim) & (tile_start < tok_end):
         row_start = tl.load(row_start_ptr + pair)
         v_col = tl.load(v_cols_ptr + pair)
-        y_col = tl.load(out_offsets_ptr + module)
+        y_col = tl.multiple_of(tl.load(out_offsets_ptr + module), OUT_ALIGN)
 
         o = first_col + tl.arange(0, OUT_PER_TILE)  # [OUT_PER_TILE] columns of this module's output
         o_mask = o < out_dim  # [OUT_PER_TILE]
@@ -87,6 +90,7 @@ def _sgmv_expand_kernel(
                 split_rows += stride_split
             vs = v_sum.to(y_ptr.dtype.element_ty)  # [TOKENS_PER_TILE, RANK_PER_TILE], v as y's dtype holds it
             addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK] i64
+            addr = tl.multiple_of(addr, ROW_ALIGN)  # [RANK_PER_TILE]
             b = tl.load(
                 storage_ptr + addr[:, None] + o[None, :], mask=j_mask[:, None] & o_mask[None, :], other=0.0
             )  # [RANK_PER_TILE, OUT_PER_TILE]
@@ -97,9 +101,10 @@ def _sgmv_expand_kernel(
         tl.store(y_ptrs, (y + acc).to(y_ptr.dtype.element_ty), mask=y_mask)
 
 
-@functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
-def expand_launch(dtype: torch.dtype) -> TritonLaunch:
-    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_expand_triton`` launches it."""
+@functools.cache  # a pure function of its arguments: built once per dtype and alignment, not once per layer
+def expand_launch(dtype: torch.dtype, row_align: int = MAX_ALIGN, out_align: int = MAX_ALIGN) -> TritonLaunch:
+    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, rows at multiples of ``row_align``
+    elements and output widths and offsets multiples of ``out_align``, as ``sgmv_expand_triton`` launches it."""
     t = triton_type(dtype)
     arg_types = {
         "v_ptr": "*fp32",
@@ -114,12 +119,15 @@ def expand_launch(dtype: torch.dtype) -> TritonLaunch:
         "TOKENS_PER_TILE": TOKENS_PER_TILE,
         "RANK_PER_TILE": _RANK_PER_TILE,
         "OUT_PER_TILE": _OUT_PER_TILE,
+        "ROW_ALIGN": row_align,
+        "OUT_ALIGN": out_align,
     }
     return make_launch(_sgmv_expand_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
 
 
 def triton_launches() -> tuple[TritonLaunch, ...]:
-    """Every launch of this module's kernel: one per dtype the launcher accepts (the AOT compile builds these)."""
+    """The kernel's launch in every dtype the launcher accepts, aligned as the engine's tables are (the AOT
+    compile builds these; a launch for less aligned tables differs only in the compiler's hints)."""
     return tuple(expand_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
@@ -160,7 +168,7 @@ def expand_partials(
     # (the rank loop runs to each pair's own rank). Tiles past a module's width, of a skipped pair, or past
     # a segment's end return at once. The axes are laid out as in shrink, for the same reason: only axis 0,
     # the token tiles, grows with the step past 65,535.
-    launch = expand_launch(y.dtype)
+    launch = expand_launch(y.dtype, math.gcd(meta.row_align, layer_offset), meta.out_align)
     _sgmv_expand_kernel[expand_grid(meta)](
         partials,
         storage,
@@ -180,7 +188,7 @@ def expand_partials(
         partials.stride(0),
         y.stride(0),
         **launch.constexprs,
-        num_warps=launch.num_warps,
+        **launch.options(),
     )
 
 

@@ -10,12 +10,13 @@ depend on the rest of the step.
 """
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from loraplex_kernels.sgmv.lora_metadata import TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
+from loraplex_kernels.sgmv.lora_metadata import MAX_ALIGN, TOKENS_PER_TILE, SgmvMetadata, check_sgmv_metadata
 from loraplex_kernels.sgmv.sgmv_torch import sgmv_shrink_torch
 from loraplex_kernels.sgmv.sgmv_torch_plan import SgmvTorchPlan
 from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_launch, triton_type
@@ -27,6 +28,7 @@ from loraplex_kernels.triton_launch import TritonLaunch, dot_precision, make_lau
 _RANK_PER_TILE = 16  # A rows per program: ranks 1..16 take one program, 64 take four
 _IN_PER_TILE = 64  # input columns per inner step
 IN_PER_SPLIT = 512  # input columns per program, about: in_dim 2,048 is four slices, 8,192 sixteen
+_SPLIT_ALIGN = MAX_ALIGN  # a slice's columns are a multiple of it, so a slice starts where 16-byte loads can
 _NUM_WARPS = 4
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -56,6 +58,9 @@ def _sgmv_shrink_kernel(
     TOKENS_PER_TILE: tl.constexpr,
     RANK_PER_TILE: tl.constexpr,
     IN_PER_TILE: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,  # every row address at this layer is a multiple of it (SgmvMetadata.row_align)
+    SPLIT_ALIGN: tl.constexpr,  # in_per_split is a multiple of it (split_columns)
+    IN_ALIGN: tl.constexpr,  # in_dim is a multiple of it, which divides SPLIT_ALIGN
 ):
     tile = tiles_ptr + tl.program_id(0).to(tl.int64) * 2
     seg = tl.load(tile)
@@ -74,16 +79,18 @@ def _sgmv_shrink_kernel(
         j = first_row + tl.arange(0, RANK_PER_TILE)  # [RANK_PER_TILE] rows of A
         j_mask = j < rank  # [RANK_PER_TILE]
         addr = tl.load(row_addr_ptr + row_start + j, mask=j_mask, other=0) + layer_offset  # [RANK_PER_TILE] i64
+        addr = tl.multiple_of(addr, ROW_ALIGN)  # [RANK_PER_TILE]
         tok = tile_start + tl.arange(0, TOKENS_PER_TILE)  # [TOKENS_PER_TILE]
         t_mask = tok < tok_end  # [TOKENS_PER_TILE]
         k = tl.arange(0, IN_PER_TILE)  # [IN_PER_TILE]
-        k_begin = split * in_per_split
-        k_end = tl.minimum(k_begin + in_per_split, in_dim)
+        columns = tl.multiple_of(in_per_split, SPLIT_ALIGN)
+        k_begin = split * columns
+        k_end = tl.multiple_of(tl.minimum(k_begin + columns, in_dim), IN_ALIGN)
 
         x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x  # [TOKENS_PER_TILE, 1]
         acc = tl.zeros([TOKENS_PER_TILE, RANK_PER_TILE], tl.float32)  # [TOKENS_PER_TILE, RANK_PER_TILE]
         for k_start in range(k_begin, k_end, IN_PER_TILE):
-            kk = k_start + k  # [IN_PER_TILE]
+            kk = tl.max_contiguous(tl.multiple_of(k_start + k, SPLIT_ALIGN), IN_PER_TILE)  # [IN_PER_TILE]
             k_mask = kk < k_end  # [IN_PER_TILE]
             xs = tl.load(
                 x_rows + kk[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0
@@ -96,9 +103,14 @@ def _sgmv_shrink_kernel(
         tl.store(v_rows + (v_col + j)[None, :], acc, mask=t_mask[:, None] & j_mask[None, :])  # [TOKENS, RANK]
 
 
-@functools.cache  # a pure function of the dtype: built once per dtype, not once per layer
-def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
-    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, as ``sgmv_shrink_triton`` launches it."""
+@functools.cache  # a pure function of its arguments: built once per dtype and alignment, not once per layer
+def shrink_launch(dtype: torch.dtype, row_align: int = MAX_ALIGN, in_align: int = MAX_ALIGN) -> TritonLaunch:
+    """The kernel's constexprs, ``num_warps`` and signature for ``dtype``, rows at multiples of ``row_align``
+    elements and an input width that is a multiple of ``in_align``, as ``sgmv_shrink_triton`` launches it.
+
+    The alignments let the compiler read rows and inputs with 16-byte loads staged in shared memory ahead of
+    use (``tl.multiple_of``); the launcher passes what holds for the step's tables, so a kernel never assumes
+    more than is true."""
     t = triton_type(dtype)
     arg_types = {
         **dict.fromkeys(("x_ptr", "storage_ptr"), f"*{t}"),
@@ -117,19 +129,24 @@ def shrink_launch(dtype: torch.dtype) -> TritonLaunch:
         "TOKENS_PER_TILE": TOKENS_PER_TILE,
         "RANK_PER_TILE": _RANK_PER_TILE,
         "IN_PER_TILE": _IN_PER_TILE,
+        "ROW_ALIGN": row_align,
+        "SPLIT_ALIGN": _SPLIT_ALIGN,
+        "IN_ALIGN": in_align,
     }
     return make_launch(_sgmv_shrink_kernel, dtype, arg_types, constexprs, _NUM_WARPS)
 
 
 def triton_launches() -> tuple[TritonLaunch, ...]:
-    """Every launch of this module's kernel: one per dtype the launcher accepts (the AOT compile builds these)."""
+    """The kernel's launch in every dtype the launcher accepts, aligned as the engine's tables are (the AOT
+    compile builds these; a launch for less aligned tables differs only in the compiler's hints)."""
     return tuple(shrink_launch(dtype) for dtype in _SUPPORTED_DTYPES)
 
 
 def split_columns(in_dim: int, in_per_split: int = IN_PER_SPLIT) -> int:
     """Input columns per slice: ``in_dim`` cut into ``ceil(in_dim / in_per_split)`` slices of near-equal width
-    (SmolLM2's 576 into 288 and 288, not 512 and 64)."""
-    return triton.cdiv(in_dim, triton.cdiv(in_dim, in_per_split))
+    (SmolLM2's 576 into 288 and 288, not 512 and 64), rounded up to a multiple of 16 columns."""
+    near_equal = triton.cdiv(in_dim, triton.cdiv(in_dim, in_per_split))
+    return triton.cdiv(near_equal, _SPLIT_ALIGN) * _SPLIT_ALIGN
 
 
 def shrink_grid(meta: SgmvMetadata, in_per_split: int = IN_PER_SPLIT) -> tuple[int, int, int]:
@@ -164,7 +181,7 @@ def shrink_partials(
     # holds the token tiles, a segment's side by side so the programs reading one adapter's rows start
     # together: that count grows with the step (a segment of 2^20 tokens alone is 65,536 tiles) and only a
     # grid's x axis goes past 65,535; axes 1 and 2 are bounded by the model's shape.
-    launch = shrink_launch(x.dtype)
+    launch = shrink_launch(x.dtype, math.gcd(meta.row_align, layer_offset), math.gcd(_SPLIT_ALIGN, meta.in_dim))
     _sgmv_shrink_kernel[shrink_grid(meta, in_per_split)](
         x,
         storage,
@@ -184,7 +201,7 @@ def shrink_partials(
         partials.stride(1),
         partials.stride(0),
         **launch.constexprs,
-        num_warps=launch.num_warps,
+        **launch.options(),
     )
     return partials
 

@@ -15,6 +15,9 @@ stopped step never stopping the next, and writes each step's output to the outpu
 - ``bench``: ``scripts.benchmarks.engine.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
   transformers' anchor unless --bench-hf: that part alone ran over four minutes on an H200 (PEFT's mixed
   batch at 135 tokens/s), more than the other steps leave it;
+- ``kernels``: ``scripts.benchmarks.kernels.bench_triton_kernels --sweep --json``: the decode step's Triton kernels
+  alone at the bench's shape, their bandwidth, and every num_warps × num_stages tried (kernels.json, its log
+  in kernels.log);
 - ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log);
 - ``phases``: ``scripts.profilers.host_step_phases --cuda`` on the bench's model, without and with 16 adapters:
   the host's time in each phase of a decode step at 256 rows (phases.log). Last, so a slow bench cuts it first.
@@ -54,6 +57,7 @@ BENCH_S = 240  # bench_gpu without transformers' anchor: writing the 1.1B model 
 # With transformers' anchor (over four minutes of it on an H200): the whole command, run alone with
 # `--only bench --bench-hf --deadline-s 580`.
 BENCH_HF_S = 570
+KERNELS_S = 90  # bench_triton_kernels --sweep: 7 kernels, 12 launch options each
 TESTS_S = 150
 PHASES_S = 60  # host_step_phases on bench_gpu's model, written by then: the host's share of a step, phase by phase
 DEADLINE_S = 510  # every step ends by then, well inside DEVICE_TIMEOUT_S
@@ -98,6 +102,7 @@ DESELECTED_TESTS = (
     ),
 )
 DESELECTED = {f"{path}::{test}": why for path, test, why in DESELECTED_TESTS}
+JSON_STEPS = {"bench": "bench_gpu.json", "kernels": "kernels.json"}  # steps whose last stdout line is their figures
 
 
 # run -----------------------------------------------------------------------------------------------------
@@ -114,6 +119,8 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
     bench += ["--model-dir", str(work / "bench_gpu")]
     bench += ["--quick"] if cpu else []
     bench += [] if bench_hf else ["--skip-hf"]
+    kernels = [python, "-m", "scripts.benchmarks.kernels.bench_triton_kernels", "--sweep", "--json"]
+    kernels += ["--quick"] if cpu else []
     phases = [python, "-m", "scripts.profilers.host_step_phases", "--json", "--steps", "30"]
     phases += ["--tokenizer-dir", str(ROOT / TOKENIZER), "--model-dir", str(work / "bench_gpu")]
     phases += [] if cpu else ["--cuda"]
@@ -141,6 +148,13 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
             "bench_gpu.log",
             BENCH_HF_S if bench_hf else BENCH_S,
             stdout=work / "bench_stdout.txt",
+        ),
+        Step(
+            "kernels",
+            (Command("bench_triton_kernels", tuple(kernels)),),
+            "kernels.log",
+            KERNELS_S,
+            stdout=work / "kernels_stdout.txt",
         ),
         Step(
             "tests",
@@ -184,8 +198,8 @@ def preflight() -> list[str]:
     return [f"{problem}: {advice}" for problem in missing]
 
 
-def collect_bench(step: Step, out: Path) -> dict | None:
-    """The bench's last stdout line as bench_gpu.json; any other stdout lines go to its log."""
+def collect_json(step: Step, out: Path, name: str) -> dict | None:
+    """A benchmark step's last stdout line, kept as ``name`` in ``out``; any other stdout lines go to its log."""
     lines = step.stdout.read_text().splitlines() if step.stdout and step.stdout.is_file() else []
     lines = [line for line in lines if line.strip()]
     figures = None
@@ -199,7 +213,7 @@ def collect_bench(step: Step, out: Path) -> dict | None:
         with (out / step.log).open("a") as log:
             log.write("stdout:\n" + "\n".join(lines) + "\n")
     if figures is not None:
-        (out / "bench_gpu.json").write_text(json.dumps(figures) + "\n")
+        (out / name).write_text(json.dumps(figures) + "\n")
     return figures
 
 
@@ -236,9 +250,9 @@ def run(args: argparse.Namespace) -> int:
             report = work / "op_checks.json"
             summary["op_checks"] = json.loads(report.read_text()) if report.is_file() else None
             report.unlink(missing_ok=True)  # a rerun must not show this run's results
-        if step.name == "bench":
-            summary["bench"] = collect_bench(step, out)
-            if summary["bench"] is None:
+        if step.name in JSON_STEPS:
+            summary[step.name] = collect_json(step, out, JSON_STEPS[step.name])
+            if summary[step.name] is None:
                 result.note = "no JSON line on stdout"
         logger.info("%s: exit status %d after %.1f s", step.name, result.returncode, result.seconds)
         results.append(result)
@@ -274,7 +288,7 @@ def write_summary(results: list[StepResult], steps: list[Step]) -> None:
         detail = f" (failed: {failed})" if failed else ""
         note = f" ({r.note})" if r.note else ""
         write(f"{r.name:<12} {r.returncode:>6} {r.seconds:>8.1f}  {logs[r.name]}{detail}{note}\n")
-    write("summary.json: every step's exit status, the op checks' errors, the bench's figures\n")
+    write("summary.json: every step's exit status, the op checks' errors, the bench's and the kernels' figures\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 No GPU needed: Triton's compiler and the wheel's ``ptxas`` build the cubins, the wheel's ``cuobjdump``
 reads their registers. Prints one row per kernel × target × dtype (registers per thread, shared memory
-per program, stack bytes per thread, compile seconds, the compiler's message on failure); exits 1 if any
+per program, stack bytes per thread, 2-byte global loads in the PTX, compile seconds, the compiler's message
+on failure); exits 1 if any
 kernel failed to compile or has no launch spec. Triton's cache goes to a fresh temporary folder unless
 TRITON_CACHE_DIR is set, so every kernel is compiled, not read back.
 
@@ -38,13 +39,15 @@ def main() -> int:
 
 
 def print_table(results: list) -> None:
-    header = f"{'kernel':<60} {'target':<6} {'dtype':<8} {'regs':>4} {'shared':>6} {'stack':>5} {'seconds':>7}"
+    header = (
+        f"{'kernel':<60} {'target':<6} {'dtype':<8} {'regs':>4} {'shared':>6} {'stack':>5} {'narrow':>6} {'seconds':>7}"
+    )
     print(header)
     for r in results:
         if r.ok:
             print(
                 f"{r.kernel:<60} {r.target:<6} {r.dtype:<8} {r.registers:>4} {r.shared_bytes:>6} "
-                f"{r.stack_bytes:>5} {r.compile_seconds:>7.2f}"
+                f"{r.stack_bytes:>5} {r.narrow_loads:>6} {r.compile_seconds:>7.2f}"
             )
         else:
             print(f"{r.kernel:<60} {r.target:<6} {r.dtype:<8} FAILED: {r.error}")

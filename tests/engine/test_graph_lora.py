@@ -53,6 +53,9 @@ def test_each_step_in_the_padded_tables_gives_its_own_tables_result() -> None:
     assert capacity == LoraCapacity(("qkv",), 16, 4)
     assert all(LoraCapacity.of(step) == capacity for step in steps)
     tables = GraphLoraTables(capacity, steps[0], ROWS, DEVICE)
+    # The graph's kernels are compiled for rows at multiples of 16 elements, as every step's are here.
+    assert tables.step.groups["qkv"].meta.row_align == 16
+    assert all(step.groups["qkv"].meta.row_align == 16 for step in steps)
 
     assert torch.equal(_apply(tables.step, x, y, storage), y), "cleared tables read no adapter row"
     for step in steps:

@@ -460,3 +460,21 @@ def test_launchers_reject_bad_inputs(seed: int):
             expand(v.half(), storage, meta, offset, y)
     with pytest.raises(ValueError, match="int32"):
         sgmv_shrink_triton(x, storage, dataclasses.replace(meta, ranks=meta.ranks.long()), offset)
+
+
+@pytest.mark.parametrize(
+    ("row_addr", "out_dims", "row_align", "out_align"),
+    [
+        ([0, 64, 4096], (576, 192, 192), 16, 16),  # the engine's rows and SmolLM2's q/k/v
+        ([32, 48, 40], (32, 16, 16), 8, 16),
+        ([32, 48, 41], (33, 16, 16), 1, 1),
+        ([6, 10], (20, 12, 12), 2, 4),
+    ],
+)
+def test_alignments_divide_every_row_address_and_output_column(
+    row_addr: list[int], out_dims: tuple[int, ...], row_align: int, out_align: int
+):
+    """What the kernels tell the compiler of the tables (tl.multiple_of): the largest powers of two up to 16 that
+    divide every row address, and every output width and offset."""
+    meta = build_sgmv_metadata([(1, [ModuleRows(0, 0, 1)] * 3)], row_addr, 64, out_dims)
+    assert (meta.row_align, meta.out_align) == (row_align, out_align)

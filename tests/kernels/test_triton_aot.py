@@ -86,6 +86,8 @@ def test_kernel_compiles(compiled: dict, kernel: str, target: str, dtype: str):
     # Every kernel stages its tiles through shared memory; a tile too big for the target does not launch.
     assert 0 < row["shared_bytes"] <= MAX_SHARED_BYTES[target], f"{kernel} needs {row['shared_bytes']} B of shared"
     assert isinstance(row["stack_bytes"], int), "the cubin's stack frame was not read"
+    if dtype != "float32":  # tiles of 16-bit values read 16 bytes a load, as the engine's strides and tables allow
+        assert row["narrow_loads"] == 0, f"{kernel} reads {row['narrow_loads']} 2-byte values a load in {dtype}"
 
 
 def test_the_compile_subprocess_found_the_same_kernels(compiled: dict):

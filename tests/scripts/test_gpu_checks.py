@@ -19,11 +19,12 @@ def test_the_plan_runs_the_kernels_compiled_and_the_bench_on_the_carried_tokeniz
     assert gpu_checks.main(["run", "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "TRITON_INTERPRET=0" in plan
-    assert [line.split(":")[0] for line in plan.splitlines() if not line.startswith((" ", "missing"))][-6:] == [
+    assert [line.split(":")[0] for line in plan.splitlines() if not line.startswith((" ", "missing"))][-7:] == [
         "nvidia-smi",
         "setup",
         "op-checks",
         "bench",
+        "kernels",
         "tests",
         "phases",
     ]
@@ -32,6 +33,8 @@ def test_the_plan_runs_the_kernels_compiled_and_the_bench_on_the_carried_tokeniz
     bench = next(line for line in plan.splitlines() if "bench_gpu --json" in line)
     assert f"--tokenizer-dir {ROOT / '.gpu' / 'tokenizer'}" in bench and "--skip-hf" in bench
     assert "--dtypes float32,float16,bfloat16" in plan
+    kernels = next(line for line in plan.splitlines() if "bench_triton_kernels" in line)
+    assert "--sweep --json" in kernels and "--quick" not in kernels
     assert plan.count("pytest -x -q") == len(gpu_checks.TEST_FILES)
 
     assert gpu_checks.main(["run", "--dry-run", "--cpu", "--bench-hf", "--only", "bench"]) == 0
@@ -53,11 +56,11 @@ def test_the_bench_json_line_is_kept_apart_from_other_output(tmp_path: Path) -> 
     stdout = tmp_path / "stdout.txt"
     stdout.write_text('a stray line\n{"tok_s_base": 1.5}\n\n')
     step = Step("bench", (), "bench.log", 1, stdout=stdout)
-    assert gpu_checks.collect_bench(step, tmp_path) == {"tok_s_base": 1.5}
+    assert gpu_checks.collect_json(step, tmp_path, "bench_gpu.json") == {"tok_s_base": 1.5}
     assert (tmp_path / "bench_gpu.json").read_text() == '{"tok_s_base": 1.5}\n'
     assert "a stray line" in (tmp_path / "bench.log").read_text()
     stdout.write_text("Traceback: no JSON\n")
-    assert gpu_checks.collect_bench(step, tmp_path) is None
+    assert gpu_checks.collect_json(step, tmp_path, "bench_gpu.json") is None
 
 
 @pytest.mark.parametrize(
