@@ -10,11 +10,10 @@ one without a launch spec is a failed result that names it.
 What is compiled: every pointer argument aligned to 16 bytes (as a torch allocation is, and as the
 runtime then specializes it); every ``stride_*`` int, and the ints of _MODEL_SHAPE_INTS, that the kernel lets
 the runtime specialize (not in its ``do_not_specialize``) divisible by 16, as the runtime specializes them for
-a model whose head and hidden sizes are multiples of 16 (without it no load of a gathered row is known to be
-16-byte aligned,
-and the loads that feed ``tl.dot`` are neither vectorized nor pipelined: the registers and shared memory
-reported would be another kernel's); every other int as a generic ``i32`` (the runtime also compiles a
-variant for an int equal to 1; that is not built here).
+a model whose head and hidden sizes are multiples of 16 (without that no load of a gathered row is known to
+be 16-byte aligned, and the loads that feed ``tl.dot`` are neither vectorized nor pipelined: the registers
+and shared memory reported would be another kernel's); every other int as a generic ``i32`` (the runtime
+also compiles a variant for an int equal to 1; that is not built here).
 
 ``triton.jit`` picks the interpreter when a kernel is defined under ``TRITON_INTERPRET=1`` (as the test
 session sets it), so this must run in a process without it: ``scripts/tools/triton_aot_report.py``.
@@ -152,11 +151,12 @@ def _aligned_args(launch: TritonLaunch) -> list[int]:
     """Positions of the arguments compiled as divisible by 16: the pointers, and the strides and model widths the
     runtime specializes."""
     generic = set(launch.kernel.do_not_specialize)  # names, or positions in some Triton versions
-    shape_ints = [
-        kind == "i32" and (name.startswith("stride_") or name in _MODEL_SHAPE_INTS) and not generic & {name, i}
-        for i, (name, kind) in enumerate(launch.signature.items())
-    ]
-    return [i for i, kind in enumerate(launch.signature.values()) if kind.startswith("*") or shape_ints[i]]
+    aligned = []
+    for i, (name, kind) in enumerate(launch.signature.items()):
+        shape_int = kind == "i32" and (name.startswith("stride_") or name in _MODEL_SHAPE_INTS)
+        if kind.startswith("*") or (shape_int and not generic & {name, i}):
+            aligned.append(i)
+    return aligned
 
 
 def cubin_resources(cubin: bytes) -> tuple[int, int]:

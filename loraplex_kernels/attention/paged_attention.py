@@ -48,8 +48,8 @@ from loraplex_kernels.triton_launch import (
 )
 
 # Keys scored per loop iteration. A tile may span several pages (each key finds its own page), so it is
-# independent of block_size. Both products are tl.dot on tensor cores: the kv head's group of query heads is
-# the Q tile's rows, padded to 16 (mma's M), so a K/V tile is read once for the whole group.
+# independent of block_size. Both products are tl.dot (on tensor cores in 16-bit dtypes): the kv head's group of
+# query heads is the Q tile's rows, padded to 16 (mma's M), so a K/V tile is read once for the whole group.
 _KEYS_PER_TILE = 32
 _MIN_DOT_ROWS = 16
 _NUM_WARPS = 4
