@@ -78,17 +78,20 @@ def package_modules() -> Iterator[ModuleType]:
 
 
 def find_kernels() -> dict[str, Any]:
-    """Every ``@triton.jit`` kernel defined in a module of the package, by ``module.function``.
+    """Every ``@triton.jit`` kernel defined in a module of the package, by ``module.function``; a module's
+    ``DEVICE_FUNCTIONS`` (``@triton.jit`` functions its kernels call) are not kernels.
 
     Autotuner and heuristics wrappers are looked through to the function they wrap. Finds
     ``JITFunction`` objects, or ``InterpretedFunction`` ones under ``TRITON_INTERPRET=1``.
     """
     kernels: dict[str, Any] = {}
     for module in package_modules():
+        device_functions = getattr(module, "DEVICE_FUNCTIONS", ())  # called from kernels, never launched
         for value in vars(module).values():
             while isinstance(getattr(value, "fn", None), KernelInterface):
                 value = value.fn
-            if isinstance(value, KernelInterface) and value.fn.__module__ == module.__name__:
+            defined_here = isinstance(value, KernelInterface) and value.fn.__module__ == module.__name__
+            if defined_here and not any(value is function for function in device_functions):
                 kernels[kernel_name(value)] = value
     return kernels
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
+from loraplex_kernels.attention.kv_tile import load_kv_tile
 from loraplex_kernels.triton_launch import (
     AOT_ATTENTION_SHAPE,
     ATTENTION_STRIDE_ARGS,
@@ -104,18 +105,21 @@ def _paged_prefill_attention_kernel(
     for start in range(0, num_keys, KEYS_PER_TILE):
         keys = start + n  # [KEYS_PER_TILE] positions in the sequence
         key_mask = keys < num_keys  # [KEYS_PER_TILE]
-        pages = tl.load(block_table + (keys // block_size) * stride_bt_block, mask=key_mask, other=0).to(
-            tl.int64
-        )  # [KEYS_PER_TILE]
-        key_offs = pages * stride_kv_page + (keys % block_size) * stride_kv_slot + kv_head * stride_kv_head
-        k_t = tl.load(
-            kv_ptr + key_offs[None, :] + d[:, None], mask=d_mask[:, None] & key_mask[None, :], other=0.0
-        )  # [HEAD_DIM_PAD, KEYS_PER_TILE], K transposed
-        v = tl.load(
-            kv_ptr + stride_kv_kind + key_offs[:, None] + d[None, :],
-            mask=key_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+        k_t, v = load_kv_tile(
+            kv_ptr,
+            block_table,
+            keys,
+            key_mask,
+            kv_head,
+            d,
+            d_mask,
+            stride_kv_page,
+            stride_kv_kind,
+            stride_kv_slot,
+            stride_kv_head,
+            stride_bt_block,
+            block_size,
+        )  # [HEAD_DIM_PAD, KEYS_PER_TILE] (K transposed), [KEYS_PER_TILE, HEAD_DIM_PAD]
 
         scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2  # [ROWS_PER_TILE, KEYS_PER_TILE]
         causal = keys[None, :] <= positions[:, None]  # [ROWS_PER_TILE, KEYS_PER_TILE], implies key_mask

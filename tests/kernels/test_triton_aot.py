@@ -65,6 +65,7 @@ def test_the_walk_finds_the_kernels_and_every_dtype():
     short = {name.rsplit(".", 1)[1] for name in KERNELS}
     assert {"_sgmv_shrink_kernel", "_sgmv_expand_kernel", "_paged_attention_kernel"} <= short
     assert "_paged_prefill_attention_kernel" in short
+    assert "load_kv_tile" not in short, "a device function the kernels call is not a kernel of its own"
     for name, launches in LAUNCHES.items():
         assert sorted(dtype_name(launch) for launch in launches) == ["bfloat16", "float16", "float32"], name
 
