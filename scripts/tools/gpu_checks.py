@@ -15,16 +15,16 @@ stopped step never stopping the next, and writes each step's output to the outpu
 - ``bench``: ``scripts.benchmarks.engine.bench_gpu --json`` (bench_gpu.json, its log in bench_gpu.log). Without
   transformers' anchor unless --bench-hf: that part alone ran over four minutes on an H200 (PEFT's mixed
   batch at 135 tokens/s), more than the other steps leave it;
+- ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log);
 - ``kernels``: ``scripts.benchmarks.kernels.bench_triton_kernels --sweep --json``: the decode step's Triton kernels
   alone at the bench's shape, their bandwidth, and every num_warps × num_stages tried (kernels.json, its log
   in kernels.log);
-- ``tests``: the engine's tests of the CUDA path, one pytest run per file with ``-x -q`` (pytest.log);
 - ``phases``: ``scripts.profilers.host_step_phases --cuda`` on the bench's model, without and with 16 adapters:
   the host's time in each phase of a decode step at 256 rows (phases.log). Last, so a slow bench cuts it first.
 
 Every Python step runs with TRITON_INTERPRET=0 (tests/conftest.py only sets it when it is unset), so the
 kernels compile for the GPU. summary.json holds each step's exit status and seconds, the op checks' errors
-and the bench's figures; the same table ends the output. Every step ends by --deadline-s (under nine
+and the bench's and the kernels' figures; the same table ends the output. Every step ends by --deadline-s (under nine
 minutes), inside a ten-minute command: a step that would start later is not started.
 
     python -m scripts.tools.gpu_checks prepare                 # here; prints the carry list and the command
@@ -150,17 +150,17 @@ def plan_steps(work: Path, cpu: bool, bench_hf: bool) -> list[Step]:
             stdout=work / "bench_stdout.txt",
         ),
         Step(
+            "tests",
+            tuple(Command(Path(path).name, (*pytest, path, *deselect_args(path))) for path in TEST_FILES),
+            "pytest.log",
+            TESTS_S,
+        ),
+        Step(
             "kernels",
             (Command("bench_triton_kernels", tuple(kernels)),),
             "kernels.log",
             KERNELS_S,
             stdout=work / "kernels_stdout.txt",
-        ),
-        Step(
-            "tests",
-            tuple(Command(Path(path).name, (*pytest, path, *deselect_args(path))) for path in TEST_FILES),
-            "pytest.log",
-            TESTS_S,
         ),
         Step(
             "phases",

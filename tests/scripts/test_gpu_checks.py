@@ -24,8 +24,8 @@ def test_the_plan_runs_the_kernels_compiled_and_the_bench_on_the_carried_tokeniz
         "setup",
         "op-checks",
         "bench",
-        "kernels",
         "tests",
+        "kernels",
         "phases",
     ]
     phases = [line for line in plan.splitlines() if "host_step_phases" in line]
