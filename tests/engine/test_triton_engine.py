@@ -23,6 +23,7 @@ from triton.runtime import JITFunction
 from triton.runtime.interpreter import InterpretedFunction
 
 import loraplex_kernels.attention.paged_attention
+import loraplex_kernels.attention.paged_attention_triton
 import loraplex_kernels.sgmv.sgmv_fused
 from engine import Engine, EngineConfig, SamplingParams
 from engine.adapters.adapter_layout import plan_layout
@@ -45,7 +46,7 @@ LAUNCHERS = {
     "sgmv_shrink": (loraplex_kernels.sgmv.sgmv_fused, "shrink_partials"),
     "sgmv_expand": (loraplex_kernels.sgmv.sgmv_fused, "expand_partials"),
     # The launcher plans prefill tiles itself only when the step did not: in the engine, never.
-    "tiles_planned_per_layer": (loraplex_kernels.attention.paged_attention, "plan_prefill_tiles"),
+    "tiles_planned_per_layer": (loraplex_kernels.attention.paged_attention_triton, "plan_prefill_tiles"),
 }
 
 
@@ -177,13 +178,14 @@ def test_a_kernel_defined_for_the_compiler_is_named(monkeypatch: pytest.MonkeyPa
     """The check reads the kernel objects: one compiled kernel among interpreted ones is found and named."""
     name, interpreted = next(
         (name, value)
-        for name, value in vars(loraplex_kernels.attention.paged_attention).items()
-        if isinstance(value, InterpretedFunction)
+        for name, value in vars(loraplex_kernels.attention.paged_attention_triton).items()
+        if isinstance(value, InterpretedFunction) and name.endswith("_kernel")
     )
-    monkeypatch.setattr(loraplex_kernels.attention.paged_attention, name, JITFunction(interpreted.fn))
-    assert compiled_triton_functions() == [f"loraplex_kernels.attention.paged_attention.{name}"]
+    monkeypatch.setattr(loraplex_kernels.attention.paged_attention_triton, name, JITFunction(interpreted.fn))
+    assert compiled_triton_functions() == [f"loraplex_kernels.attention.paged_attention_triton.{name}"]
     with pytest.raises(
-        ConfigError, match=rf"kernels='triton' cannot be used: .*kernels\.attention\.paged_attention\.{name} was"
+        ConfigError,
+        match=rf"kernels='triton' cannot be used: .*kernels\.attention\.paged_attention_triton\.{name} was",
     ):
         EngineConfig(model="unused", kernels="triton").kernel_backend(torch.device("cpu"), torch.float32, 16)
 
@@ -215,5 +217,8 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error_that_says_what_
     )
     message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     assert message.startswith("ConfigError: kernels='triton' cannot be used"), done.stderr
-    assert "loraplex_kernels.attention.paged_attention." in message and "defined for the compiler" in message
+    assert (
+        "loraplex_kernels.attention.paged_attention_triton._paged_attention_kernel" in message
+        and "defined for the compiler" in message
+    )
     assert "set TRITON_INTERPRET=1" in message and "kernels='torch'" in message

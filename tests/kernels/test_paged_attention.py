@@ -13,8 +13,9 @@ from loraplex_kernels.attention.attention_metadata import (
     PagedAttentionMetadata,
     plan_decode_buckets,
 )
-from loraplex_kernels.attention.paged_attention import paged_attention, paged_attention_triton
+from loraplex_kernels.attention.paged_attention import paged_attention
 from loraplex_kernels.attention.paged_attention_torch import paged_attention_torch
+from loraplex_kernels.attention.paged_attention_triton import paged_attention_triton
 
 BLOCK_SIZE = 16
 NUM_LAYERS = 3

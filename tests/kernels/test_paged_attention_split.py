@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
-from loraplex_kernels.attention.paged_attention import paged_attention_triton
 from loraplex_kernels.attention.paged_attention_split import KEYS_PER_SPLIT, max_row_splits, num_splits
+from loraplex_kernels.attention.paged_attention_triton import paged_attention_triton
 from loraplex_kernels.attention.paged_prefill_attention import MIN_TILED_ROWS
 from tests.kernels.test_paged_attention import Batch, assert_close, make_batch, reference
 

@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-import loraplex_kernels.attention.paged_attention as paged_attention_module
-from loraplex_kernels.attention.paged_attention import paged_attention_triton
+import loraplex_kernels.attention.paged_attention_triton as paged_attention_module
+from loraplex_kernels.attention.paged_attention_triton import paged_attention_triton
 from loraplex_kernels.attention.paged_prefill_attention import (
     MIN_TILED_ROWS,
     paged_prefill_attention_triton,

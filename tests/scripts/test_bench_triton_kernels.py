@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from loraplex_kernels.attention.paged_attention import _paged_attention_kernel, row_launch
+from loraplex_kernels.attention.paged_attention_triton import _paged_attention_kernel, row_launch
 from loraplex_kernels.triton_launch import LaunchOptions, tuned_launch
 from scripts.benchmarks.kernels.bench_triton_kernels import (
     QUICK_SHAPE,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
-from loraplex_kernels.attention.paged_attention import _paged_attention_kernel, paged_attention_triton
+from loraplex_kernels.attention.paged_attention_triton import _paged_attention_kernel, paged_attention_triton
 from loraplex_kernels.backend import triton_unavailable_reason
 from loraplex_kernels.sgmv.lora_metadata import ModuleRows, SgmvMetadata, build_sgmv_metadata
 from loraplex_kernels.sgmv.sgmv_expand import _sgmv_expand_kernel, expand_partials
