@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.adapters.adapter_layout import ROW_ALIGN
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
 from loraplex_kernels.attention.paged_attention_triton import _paged_attention_kernel, paged_attention_triton
 from loraplex_kernels.backend import triton_unavailable_reason
@@ -45,7 +46,6 @@ SWEEP_STAGES = (1, 2, 3, 4)
 NUM_ADAPTERS = 16
 BLOCK_SIZE = 16
 CONTEXT = (128, 256)  # keys of a row, drawn uniformly: bench_gpu's decode steps, 128 prompt + 0..128 output tokens
-ROW_ALIGN = 16  # elements: where the engine's layout starts each adapter row
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +63,9 @@ class Shape:
     context: tuple[int, int]
 
 
-QUICK_SHAPE = Shape(hidden=64, heads=4, kv_heads=2, intermediate=128, head_dim=16, rows=8, adapters=2, rank=4,
-                    context=(20, 40))  # fmt: skip
+QUICK_SHAPE = Shape(
+    hidden=64, heads=4, kv_heads=2, intermediate=128, head_dim=16, rows=8, adapters=2, rank=4, context=(20, 40)
+)
 
 
 def full_shape() -> Shape:
@@ -137,7 +138,7 @@ def sgmv_cases(
         for dim in row_dims:
             for _ in range(shape.rank):
                 row_addr.append(offset)
-                offset += -(-dim // ROW_ALIGN) * ROW_ALIGN
+                offset += -(-dim // ROW_ALIGN) * ROW_ALIGN  # rows start where the engine's layout starts them
         num_modules = len(out_dims)
         modules = [
             ModuleRows(first + m * shape.rank, first + (num_modules + m) * shape.rank, shape.rank)
