@@ -289,8 +289,11 @@ def _live_upload(server: LiveServer, http: httpx.Client, folder: Path) -> tuple[
 
 
 def _stream_with_admin_call(http: httpx.Client, acme: TenantKey, admin_call) -> tuple[list[dict], str, httpx.Response]:
-    """Stream a chat with the adapter; after its first token, make ``admin_call``; read the stream to its end."""
-    body = chat_body("pirate", "Count from one to one hundred.", stream=True, max_tokens=64)
+    """Stream a chat with the adapter; after its first token, make ``admin_call``; read the stream to its end.
+
+    The engine goes on generating while the admin call is made, so the request must outlast the call: 256 tokens
+    take seconds, where 64 once ended before a slow admin call answered (an unload then found nothing using it)."""
+    body = chat_body("pirate", "Count from one to one hundred.", stream=True, max_tokens=256)
     chunks: list[dict] = []
     last = ""
     admin_response = None
