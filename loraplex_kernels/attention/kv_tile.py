@@ -1,8 +1,8 @@
-"""A tile of one kv head's keys and values, read through a sequence's block table: what both paged attention
-kernels' key loops read.
+"""One step of both paged attention kernels' key loops: a tile of one kv head's keys and values read through a
+sequence's block table, and the Q tile's online softmax over it.
 
-A ``@triton.jit`` device function, called from the kernels and inlined into them; it is listed in
-``DEVICE_FUNCTIONS``, so the ahead-of-time compile's walk does not take it for a kernel of its own.
+``@triton.jit`` device functions, called from the kernels and inlined into them; they are listed in
+``DEVICE_FUNCTIONS``, so the ahead-of-time compile's walk does not take them for kernels of their own.
 """
 
 import triton
@@ -40,4 +40,29 @@ def load_kv_tile(
     return k_t, v
 
 
-DEVICE_FUNCTIONS = (load_kv_tile,)
+@triton.jit
+def attend_kv_tile(
+    q,  # [ROWS, HEAD_DIM_PAD] the Q tile
+    k_t,  # [HEAD_DIM_PAD, KEYS_PER_TILE]
+    v,  # [KEYS_PER_TILE, HEAD_DIM_PAD]
+    visible,  # [ROWS, KEYS_PER_TILE] or broadcast to it: the keys each row attends to
+    m,  # [ROWS] running max of the scores, log2 units
+    denom,  # [ROWS] running sum of exp2
+    acc,  # [ROWS, HEAD_DIM_PAD] fp32, unnormalised
+    scale_log2,  # softmax scale × log2(e)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32, ignored for bf16/fp16
+):
+    """The online softmax taken one tile further: ``(m, denom, acc)`` with the tile's visible keys added. Both
+    products are ``tl.dot``; P is rounded to V's dtype before P·V. Every row must see a key by its first tile."""
+    scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2  # [ROWS, KEYS_PER_TILE]
+    scores = tl.where(visible, scores, float("-inf"))  # [ROWS, KEYS_PER_TILE]
+    m_new = tl.maximum(m, tl.max(scores, axis=1))  # [ROWS]
+    alpha = tl.exp2(m - m_new)  # [ROWS]
+    p = tl.exp2(scores - m_new[:, None])  # [ROWS, KEYS_PER_TILE]
+    denom = denom * alpha + tl.sum(p, axis=1)  # [ROWS]
+    acc = acc * alpha[:, None]  # [ROWS, HEAD_DIM_PAD]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [ROWS, HEAD_DIM_PAD]
+    return m_new, denom, acc
+
+
+DEVICE_FUNCTIONS = (load_kv_tile, attend_kv_tile)

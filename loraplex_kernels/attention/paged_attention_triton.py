@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
-from loraplex_kernels.attention.kv_tile import load_kv_tile
+from loraplex_kernels.attention.kv_tile import attend_kv_tile, load_kv_tile
 from loraplex_kernels.attention.paged_attention_split import (
     BATCH_STRIDE_ARGS,
     KEYS_PER_SPLIT,
@@ -149,16 +149,9 @@ def _paged_attention_kernel(
                 block_size,
             )  # [HEAD_DIM_PAD, KEYS_PER_TILE] (K transposed), [KEYS_PER_TILE, HEAD_DIM_PAD]
 
-            scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, KEYS_PER_TILE]
-            scores = tl.where(key_mask[None, :], scores, float("-inf"))  # [GROUP_PAD, KEYS_PER_TILE]
-
-            m_new = tl.maximum(m, tl.max(scores, axis=1))  # [GROUP_PAD]
-            alpha = tl.exp2(m - m_new)  # [GROUP_PAD]
-            p = tl.exp2(scores - m_new[:, None])  # [GROUP_PAD, KEYS_PER_TILE]
-            denom = denom * alpha + tl.sum(p, axis=1)  # [GROUP_PAD]
-            acc = acc * alpha[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [GROUP_PAD, HEAD_DIM_PAD]
-            m = m_new
+            m, denom, acc = attend_kv_tile(
+                q, k_t, v, key_mask[None, :], m, denom, acc, scale_log2, DOT_PRECISION
+            )  # [GROUP_PAD], [GROUP_PAD], [GROUP_PAD, HEAD_DIM_PAD]
 
         if position < KEYS_PER_SPLIT:  # the row is one chunk: its output, normalised here
             out = acc / denom[:, None]  # [GROUP_PAD, HEAD_DIM_PAD]

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from loraplex_kernels.attention.attention_metadata import PagedAttentionMetadata
-from loraplex_kernels.attention.kv_tile import load_kv_tile
+from loraplex_kernels.attention.kv_tile import attend_kv_tile, load_kv_tile
 from loraplex_kernels.triton_launch import (
     AOT_ATTENTION_SHAPE,
     ATTENTION_STRIDE_ARGS,
@@ -121,17 +121,10 @@ def _paged_prefill_attention_kernel(
             block_size,
         )  # [HEAD_DIM_PAD, KEYS_PER_TILE] (K transposed), [KEYS_PER_TILE, HEAD_DIM_PAD]
 
-        scores = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale_log2  # [ROWS_PER_TILE, KEYS_PER_TILE]
         causal = keys[None, :] <= positions[:, None]  # [ROWS_PER_TILE, KEYS_PER_TILE], implies key_mask
-        scores = tl.where(causal, scores, float("-inf"))  # [ROWS_PER_TILE, KEYS_PER_TILE]
-
-        m_new = tl.maximum(m, tl.max(scores, axis=1))  # [ROWS_PER_TILE]
-        alpha = tl.exp2(m - m_new)  # [ROWS_PER_TILE]
-        p = tl.exp2(scores - m_new[:, None])  # [ROWS_PER_TILE, KEYS_PER_TILE]
-        denom = denom * alpha + tl.sum(p, axis=1)  # [ROWS_PER_TILE]
-        acc = acc * alpha[:, None]  # [ROWS_PER_TILE, HEAD_DIM_PAD]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [ROWS_PER_TILE, HEAD_DIM_PAD]
-        m = m_new
+        m, denom, acc = attend_kv_tile(
+            q, k_t, v, causal, m, denom, acc, scale_log2, DOT_PRECISION
+        )  # [ROWS_PER_TILE], [ROWS_PER_TILE], [ROWS_PER_TILE, HEAD_DIM_PAD]
 
     out = acc / denom[:, None]  # [ROWS_PER_TILE, HEAD_DIM_PAD]
     out_offs = tokens.to(tl.int64)[:, None] * stride_out_token + heads[:, None] * stride_out_head + d[None, :]
