@@ -73,6 +73,7 @@ def make_engine(settings: Settings, database_url: str | None = None) -> EngineCl
         bf16_gemm=settings.bf16_gemm,
         num_speculative_tokens=settings.num_speculative_tokens,
         cuda_graphs=settings.cuda_graphs,
+        launch_ahead=None if settings.launch_ahead else False,  # None: where it pays (CUDA)
     )
     name = settings.served_model_name or folder.name
     if settings.engine == "thread":

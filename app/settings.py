@@ -151,6 +151,10 @@ class Settings:
     cuda_graphs: bool = True
     """On a CUDA GPU, decode steps replay CUDA graphs instead of launching each kernel from Python
     (LORAPLEX_CUDA_GRAPHS=0: every step launched one kernel at a time); no effect on a CPU."""
+    launch_ahead: bool = True
+    """On a CUDA GPU, each decode step's forward pass is queued before the host has read the step before's tokens,
+    so the host's work overlaps the GPU's (LORAPLEX_LAUNCH_AHEAD=0: the host and the GPU take turns); the tokens
+    are the same either way; no effect on a CPU."""
 
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""
@@ -249,6 +253,7 @@ class Settings:
             bf16_gemm=_choice(env, "LORAPLEX_BF16_GEMM", BF16_GEMMS),
             num_speculative_tokens=_int(env, "LORAPLEX_NUM_SPECULATIVE_TOKENS", DEFAULT_SPECULATIVE_TOKENS),
             cuda_graphs=_flag(env, "LORAPLEX_CUDA_GRAPHS", default=True),
+            launch_ahead=_flag(env, "LORAPLEX_LAUNCH_AHEAD", default=True),
             demo=_flag(env, "LORAPLEX_DEMO", default=True),
             admin_key=env.get("LORAPLEX_ADMIN_KEY") or None,
             max_adapter_rank=_int(env, "LORAPLEX_MAX_ADAPTER_RANK", MAX_RANK),

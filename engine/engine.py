@@ -113,6 +113,7 @@ class Engine:
             tokenizer=self.tokenizer,
             device=self.device,
             kernels=self.kernels,
+            launch_ahead=self.device.type == "cuda" if config.launch_ahead is None else config.launch_ahead,
         )
         self._ids = itertools.count()
         logger.info(
@@ -290,6 +291,8 @@ class Engine:
             bf16_gemm=self.precision.bf16_gemm or "",
             num_proposed_tokens=dict(self.speculator.stats.num_proposed) if self.speculator else {},
             num_accepted_tokens=dict(self.speculator.stats.num_accepted) if self.speculator else {},
+            num_steps_launched_ahead=self._runner.ahead.counts["taken"] if self._runner.ahead else 0,
+            num_passes_dropped=self._runner.ahead.counts["dropped"] if self._runner.ahead else 0,
         )
 
 

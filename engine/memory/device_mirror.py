@@ -8,8 +8,10 @@ replay on the same stream. The fields lie in the order they are named, so a step
 elements of the last field moves only up to them (:meth:`DeviceMirror.end_of`). On a CPU the two buffers are
 one and ``upload`` does nothing.
 
-The host buffer is written again only at the next step, after the engine read the step's sampled tokens
-back, which waits for everything queued before them, the copy included.
+The host buffer must not be written while its last upload is in flight: a step launched ahead of the host
+(engine/step/launch_ahead.py) writes it before the engine has waited for the step before. So
+:attr:`DeviceMirror.host` first waits for the event recorded after the last copy, which completes as soon as
+the device has made the copy, ahead of the forward pass that reads it.
 """
 
 import itertools
@@ -40,15 +42,26 @@ class DeviceMirror:
             }
 
         self.device = views(self._device_buffer)
-        self.host = views(self._host_buffer)
+        self._host = views(self._host_buffer)
         self._starts = dict(zip(fields, starts, strict=False))  # each field's first byte
+        self._copied: torch.cuda.Event | None = None  # recorded after the last upload (CUDA)
+
+    @property
+    def host(self) -> dict[str, torch.Tensor]:
+        """The host views, to write once the last upload has been copied (waits for it on CUDA)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+        return self._host
 
     def end_of(self, name: str, num_elements: int) -> int:
         """The byte just past the first ``num_elements`` elements of field ``name`` (in its memory order)."""
-        return self._starts[name] + num_elements * self.host[name].element_size()
+        return self._starts[name] + num_elements * self._host[name].element_size()
 
     def upload(self, end: int | None = None) -> None:
         """Queue the copy of the host buffer to the device's, whole or its bytes before ``end`` (nothing on a
         CPU)."""
         if self._host_buffer is not self._device_buffer:
             self._device_buffer[:end].copy_(self._host_buffer[:end], non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()

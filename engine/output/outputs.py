@@ -202,6 +202,13 @@ class EngineStats:
     num_accepted_tokens: dict[str, int] = field(default_factory=dict)
     """The proposed tokens that verification accepted, by adapter."""
 
+    num_steps_launched_ahead: int = 0
+    """Steps whose logits came from the forward pass queued before the step before's tokens were read
+    (``EngineConfig.launch_ahead``)."""
+
+    num_passes_dropped: int = 0
+    """Passes queued ahead that the next step could not use (it admitted a request, a row ended, ...)."""
+
     @property
     def acceptance_rate(self) -> float:
         """Accepted over proposed speculative tokens since the engine started (0 before any proposal)."""

@@ -26,12 +26,45 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # one per row; None where the row did not ask
 
 
+@dataclass(frozen=True, slots=True)
+class DrawnTokens:
+    """A step's chosen tokens on the logits' device, their copy to the host queued behind them.
+
+    Work queued after the draw (the next step's forward, launched ahead) does not delay :meth:`read`: on CUDA it
+    waits for an event recorded right after the copy, not for the whole stream.
+    """
+
+    token_ids: torch.Tensor  # [num_rows] int64, on the logits' device
+    host_token_ids: torch.Tensor  # [num_rows] int64 on the host: pinned, in flight until ``copied`` on CUDA
+    copied: "torch.cuda.Event | None"  # None on a CPU, where the copy is done
+    raw: torch.Tensor | None  # [num_logprob_rows, vocab]: the rows that asked for logprobs, as the model gave them
+    batch: SamplingBatch
+
+    def read(self) -> SamplerOutput:
+        """The tokens (and logprobs) on the host; waits for the draw, not for anything queued after it."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        logprobs: list[TokenLogprob | None] = [None] * len(self.batch.seqs)
+        if self.raw is not None:
+            rows = list(self.batch.logprob_rows)
+            entries = token_logprobs(self.raw, self.token_ids[rows], list(self.batch.num_top_logprobs))
+            for row, entry in zip(rows, entries, strict=True):
+                logprobs[row] = entry
+        return SamplerOutput(self.host_token_ids.tolist(), logprobs)
+
+
 @torch.inference_mode()
 def sample(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = KernelBackend.TORCH) -> SamplerOutput:
     """One token per row of ``logits`` [num_rows, vocab] (fp32) following ``batch``; ``logits`` is overwritten.
 
     ``backend`` is the engine's kernel backend: its greedy choice (the native argmax on CPU).
     """
+    return draw(logits, batch, backend).read()
+
+
+@torch.inference_mode()
+def draw(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = KernelBackend.TORCH) -> DrawnTokens:
+    """:func:`sample` up to the copy of its tokens to the host, which :meth:`DrawnTokens.read` waits for."""
     raw = logits[list(batch.logprob_rows)] if batch.logprob_rows else None  # [num_logprob_rows, vocab], a copy
     logits = apply_logit_rules(logits, batch)  # [num_rows, vocab]
     if batch.all_greedy:
@@ -42,12 +75,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = 
         chosen = _draw(logits, batch)  # [num_rows]; ``logits`` is used up
         if greedy_ids is not None:
             chosen[greedy_rows] = greedy_ids
-    logprobs: list[TokenLogprob | None] = [None] * len(batch.seqs)
-    if raw is not None:
-        rows = list(batch.logprob_rows)
-        for row, entry in zip(rows, token_logprobs(raw, chosen[rows], list(batch.num_top_logprobs)), strict=True):
-            logprobs[row] = entry
-    return SamplerOutput(chosen.tolist(), logprobs)
+    if chosen.device.type == "cpu":
+        return DrawnTokens(chosen, chosen, None, raw, batch)
+    host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)  # [num_rows]
+    host.copy_(chosen, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return DrawnTokens(chosen, host, copied, raw, batch)
 
 
 def apply_logit_rules(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -134,7 +134,8 @@ class DecodeGraphs:
         """The logits of ``batch``'s rows, [num_rows, vocab] fp32, from its bucket's graph (recorded if new).
 
         ``batch`` is the step built on the host: its values go to the graph's buffers in one copy, and its adapter
-        tables in another when they are not the ones the graph holds already.
+        tables in another when they are not the ones the graph holds already. Its input ids may be on the device
+        (a step launched ahead of the host reading the tokens it takes): they are copied there, after the upload.
         """
         num_rows = batch.num_tokens
         rows = bucket_rows(num_rows, self._max_rows)
@@ -160,7 +161,9 @@ class DecodeGraphs:
         num_rows = batch.num_tokens
         meta = batch.attention
         host = self._inputs.host
-        host["input_ids"][:num_rows].copy_(batch.input_ids)
+        on_host = batch.input_ids.device.type == "cpu"
+        if on_host:
+            host["input_ids"][:num_rows].copy_(batch.input_ids)
         host["positions"][:num_rows].copy_(batch.positions)
         host["slot_mapping"][:num_rows].copy_(batch.slot_mapping)
         host["seq_lens"][:num_rows].copy_(meta.seq_lens)
@@ -168,6 +171,8 @@ class DecodeGraphs:
         host["block_columns"][:num_blocks, :num_rows].copy_(meta.block_tables.t())
         self._pad(num_rows, rows)
         self._inputs.upload(self._inputs.end_of("block_columns", max(num_blocks, 1) * self._max_rows))
+        if not on_host:  # tokens sampled by the step before, still on the device (a step launched ahead)
+            self._inputs.device["input_ids"][:num_rows].copy_(batch.input_ids)
 
     def _pad(self, start: int, end: int) -> None:
         """Rows ``start:end`` of the host buffers: token 0 at position 0 of the scratch page, attending to that

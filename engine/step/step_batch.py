@@ -56,10 +56,15 @@ def build_step_batch(
     device: torch.device,
     backend: KernelBackend = KernelBackend.TORCH,
     lora_memo: LoraStepMemo | None = None,
+    ahead: bool = False,
 ) -> StepBatch:
     """Flatten the scheduled chunks; sequences decoding one token come first (the CPU attention batches them).
 
     ``lora_memo``: the engine's, so that a step with the same adapter runs as the last reuses its LoRA tables.
+
+    ``ahead``: every item is one decode row at the position just past its sequence's tokens, whose token is being
+    sampled (engine/step/launch_ahead.py): its input id is 0 here, and the caller puts the sampled token there on
+    the device.
 
     A sequence verifying proposed tokens is a small chunk: its last token and the proposal, every row sampled.
 
@@ -81,12 +86,12 @@ def build_step_batch(
     scored: list[tuple[Sequence, int]] = []
     for item in items:
         seq = item.seq
-        start = seq.num_computed_tokens
+        start = seq.num_tokens if ahead else seq.num_computed_tokens
         end = start + item.num_new_tokens
         draft = item.draft_token_ids
         blocks = seq.block_ids
         if end - start == 1:  # a decode row, most of a step's: no slice, range or generator to build
-            input_ids.append(seq.token_ids[start])
+            input_ids.append(0 if ahead else seq.token_ids[start])
             positions.append(start)
             slots.append(blocks[start // block_size] * block_size + start % block_size)
         else:
@@ -98,7 +103,7 @@ def build_step_batch(
         if draft:
             logits_indices.extend(range(query_start_loc[-2], query_start_loc[-1]))
             sampled.extend(draft_positions(seq, draft, num_bitmask_words(model.vocab_size)))
-        elif end == len(seq.token_ids):  # the chunk reaches the sequence's end (ScheduledSeq.samples)
+        elif ahead or end == len(seq.token_ids):  # the chunk reaches the sequence's end (ScheduledSeq.samples)
             logits_indices.append(query_start_loc[-1] - 1)
             sampled.append(seq)
         if seq.prompt_logprobs is not None and not seq.prompt_logprobs_done:

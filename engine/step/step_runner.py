@@ -19,14 +19,15 @@ from engine.memory.kv_cache_manager import KVCacheManager
 from engine.memory.page_pool import PagePool
 from engine.modeling.model import LlamaModel
 from engine.output.outputs import RequestOutput
-from engine.sampling.sampler import sample
+from engine.sampling.sampler import draw
 from engine.sampling.sampling_batch import build_sampling_batch
 from engine.scheduling.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.scheduling.sequence import FinishReason, Sequence
 from engine.speculative.speculation import Speculator
 from engine.speculative.verification import Verified, accept, generator_states, rewind_generators
 from engine.step.decode_graphs import DecodeGraphs
-from engine.step.step_batch import build_step_batch
+from engine.step.launch_ahead import LaunchAhead
+from engine.step.step_batch import StepBatch, build_step_batch
 from engine.step.step_result import StepResult, fork_choices, prompt_scores
 from loraplex_kernels.backend import KernelBackend
 
@@ -56,6 +57,7 @@ class StepRunner:
         tokenizer: PreTrainedTokenizerBase,
         device: torch.device,
         kernels: KernelBackend,
+        launch_ahead: bool = False,
     ) -> None:
         self.model = model
         self.decode_graphs = decode_graphs
@@ -68,6 +70,19 @@ class StepRunner:
         self.device = device
         self.kernels = kernels
         self.lora_memo = LoraStepMemo()
+        self.ahead = (
+            LaunchAhead(
+                forward=self._forward,
+                scheduler=scheduler,
+                kv=kv,
+                pool=pool,
+                model_config=model_config,
+                kernels=kernels,
+                lora_memo=self.lora_memo,
+            )
+            if launch_ahead
+            else None
+        )
         self._requests: dict[str, list[Sequence]] = {}  # every choice of each unfinished request
         self.totals = {"preemptions": 0, "prompt": 0, "cached": 0, "generated": 0, "prefill": 0}
 
@@ -132,32 +147,46 @@ class StepRunner:
             scheduled, result, failed = self._run_each(scheduled)
         return failed + self._update(scheduled, result)
 
-    def _run(self, items: tuple[ScheduledSeq, ...]) -> StepResult:
+    def _run(self, items: tuple[ScheduledSeq, ...], launch_ahead: bool = True) -> StepResult:
         """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork).
 
-        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more.
+        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more. With
+        ``launch_ahead`` (and the runner's :class:`LaunchAhead`), the logits come from the pass launched after the
+        step before where it ran this step, and the next pass is launched once this step's tokens are drawn.
         """
         if not items:
             return StepResult()
-        batch = build_step_batch(items, self.pool, self.model_config, HOST, self.kernels, self.lora_memo)
-        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
-            logits = self.decode_graphs.forward(batch)  # [num_sampled, vocab]
+        taken = self.ahead.take(items) if self.ahead is not None else None
+        if taken is not None:
+            sampled_seqs, logits = taken  # logits [num_sampled, vocab]
+            batch = None
         else:
-            batch = move_to_device(batch, self.device)  # the step's tensors in one copy
-            logits = self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
-        num_sampled = len(batch.sampled_seqs)
-        rows, seqs, forks = fork_choices(batch.sampled_seqs, self.tokenizer)
+            batch = build_step_batch(items, self.pool, self.model_config, HOST, self.kernels, self.lora_memo)
+            sampled_seqs = batch.sampled_seqs
+            logits = self._forward(batch)  # [num_sampled + num_scored, vocab]
+        num_sampled = len(sampled_seqs)
+        rows, seqs, forks = fork_choices(sampled_seqs, self.tokenizer)
         sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
         sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
         states = generator_states(seqs)
-        out = sample(sampled_logits, sampling, self.kernels)
+        drawn = draw(sampled_logits, sampling, self.kernels)
+        if self.ahead is not None and launch_ahead:
+            self.ahead.launch(seqs, drawn.token_ids, bool(forks), bool(sampling.logprob_rows))
+        out = drawn.read()
         verified = accept(seqs, out.token_ids, out.logprobs)
         rewind_generators(states, verified)
         return StepResult(
             sampled=verified,
-            scores=prompt_scores(batch, logits[num_sampled:]),
+            scores=prompt_scores(batch, logits[num_sampled:]) if batch is not None else [],
             forks=forks,
         )
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """The logits of ``batch`` (built on the host): its bucket's CUDA graph where one takes it, else eager."""
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+            return self.decode_graphs.forward(batch)  # [num_sampled, vocab]
+        batch = move_to_device(batch, self.device)  # the step's tensors in one copy
+        return self.model.forward(batch, self.pool)  # [num_sampled + num_scored, vocab]
 
     def _run_each(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, StepResult, list[RequestOutput]]:
         """After a failed step: run every sequence alone; fail those that fail alone, keep the others' tokens."""
@@ -166,7 +195,7 @@ class StepRunner:
         failed: list[RequestOutput] = []
         for item in scheduled.scheduled:
             try:
-                alone = self._run((item,))
+                alone = self._run((item,), launch_ahead=False)
             except Exception as error:
                 failed.append(self._fail(item.seq, error))
                 continue

@@ -5,13 +5,13 @@ By default the tiny model of ``bench_gpu --quick`` (its random weights and adapt
 16 adapters round robin (``--base``: none), greedy, ``ignore_eos`` (``--frequency-penalty``: none); once all 256
 decode together (and have ``--after`` output tokens each), ``--steps`` steps are clocked. Each phase is a call the
 step makes once (scheduling, building the step's tables, moving them to the device, the forward pass, building the
-sampler's input, sampling, accepting, applying the tokens); the report is each phase's median over the steps, and
+sampler's input, sampling, launching the next pass ahead, reading the tokens, accepting, applying the tokens);
+the report is each phase's median over the steps, and
 the step's. One clock read a call, no profiler. The garbage collector's passes during those steps are timed too
 (``gc_full``: the count and total ms of full collections, ``gc_young`` of the others); the objects of the start are
 frozen first, as a worker process does, unless ``--no-freeze``. On a GPU a phase's time is the host's: the forward
 pass is the time to launch its kernels (``graph_forward`` on a step that replays a CUDA graph: its inputs copied and
-the graph launched), and sampling waits for the device (its read of the sampled tokens is the step's one
-synchronisation).
+the graph launched), and reading the sampled tokens waits for the device (the step's one synchronisation).
 
     python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
     python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
@@ -36,6 +36,7 @@ from app.model_store import resolve_model
 from app.settings import Settings
 from engine import Engine, EngineConfig, SamplingParams
 from engine.memory.host_memory import freeze_startup_heap
+from engine.sampling.sampler import DrawnTokens
 from scripts.benchmarks.engine.bench_gpu import (
     ADAPTER_RANK,
     NUM_ROWS,
@@ -54,7 +55,9 @@ PHASES = (
     (step_runner_module, "build_step_batch", "build"),
     (step_runner_module, "move_to_device", "move"),  # an eager step's tensors, in one copy
     (step_runner_module, "build_sampling_batch", "sampling_batch"),
-    (step_runner_module, "sample", "sample"),
+    (step_runner_module, "draw", "sample"),  # the tokens drawn, their copy to the host queued
+    (step_runner_module.LaunchAhead, "launch", "launch_ahead"),  # the next pass queued (where launched ahead)
+    (DrawnTokens, "read", "read_tokens"),  # waits for the draw: the step's one synchronisation
     (step_runner_module, "accept", "accept"),
     (step_runner_module.Scheduler, "schedule", "schedule"),
     (step_runner_module.LlamaModel, "forward", "forward"),

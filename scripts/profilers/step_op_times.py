@@ -29,7 +29,7 @@ from engine.config import ModelConfig
 from scripts.benchmarks.peers.bench_vllm_cpu import make_workload
 
 MODEL_OPS = ("add_rms_norm", "linear", "linear_silu_mul", "rope_kv_write", "paged_attention", "silu_mul")
-STEP_OPS = ("build_step_batch", "build_sampling_batch", "sample")
+STEP_OPS = ("build_step_batch", "build_sampling_batch", "draw")
 
 
 class OpClock:

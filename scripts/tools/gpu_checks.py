@@ -53,7 +53,7 @@ logger = logging.getLogger("gpu_checks")
 NVIDIA_SMI_S = 20
 SETUP_S = 60
 OP_CHECKS_S = 100
-BENCH_S = 240  # bench_gpu without transformers' anchor: writing the 1.1B model and 64 adapters, three workloads
+BENCH_S = 240  # bench_gpu without transformers' anchor: writing the 1.1B model and 64 adapters, seven workloads
 # With transformers' anchor (over four minutes of it on an H200): the whole command, run alone with
 # `--only bench --bench-hf --deadline-s 580`.
 BENCH_HF_S = 570

@@ -63,6 +63,7 @@ TABLE = [
         (("-1", "0 to 16 \\(0 turns speculation off"), ("17", "0 to 16"), *WHOLE_NUMBER),
     ),
     Row("LORAPLEX_CUDA_GRAPHS", "cuda_graphs", "0", False),
+    Row("LORAPLEX_LAUNCH_AHEAD", "launch_ahead", "0", False),
     Row("LORAPLEX_DEMO", "demo", "off", False),
     Row("LORAPLEX_ADMIN_KEY", "admin_key", "lp-admin", "lp-admin"),
     Row(

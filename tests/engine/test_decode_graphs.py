@@ -27,13 +27,14 @@ MAX_TOKENS = (12, 3, 6, 2, 5, 8, 4)  # requests end at different steps: the batc
 LATE = 2  # the last requests arrive while the first decode: their prefill steps run eagerly between graph steps
 
 
-def _engine(folder: Path, graphs: bool) -> tuple[Engine, DecodeGraphs | None]:
+def _engine(folder: Path, graphs: bool, launch_ahead: bool | None = None) -> tuple[Engine, DecodeGraphs | None]:
     engine = make_engine(
         folder,
         kernels="triton",
         device="cuda" if ON_CUDA else "cpu",
         max_num_seqs=MAX_NUM_SEQS,
         num_speculative_tokens=0,
+        launch_ahead=launch_ahead,
     )
     runner = engine._runner
     if not graphs:
@@ -49,13 +50,14 @@ def _generate(
     adapters: tuple[str | None, ...] = (),
     max_tokens: tuple[int, ...] = MAX_TOKENS,
     late: int = LATE,
+    logprobs: int | None = 2,
 ) -> dict[str, tuple]:
     """Each request's tokens and logprobs; the last ``late`` requests join after the first decode step. Request
     ``i`` asks ``max_tokens[i]`` tokens of adapter ``adapters[i]`` (None or past the tuple: the base model)."""
     finals: dict[str, tuple] = {}
 
     def add(index: int) -> None:
-        params = SamplingParams(max_tokens=max_tokens[index], temperature=0.0, ignore_eos=True, logprobs=2)
+        params = SamplingParams(max_tokens=max_tokens[index], temperature=0.0, ignore_eos=True, logprobs=logprobs)
         adapter = adapters[index] if index < len(adapters) else None
         engine.add_request(prompts[index], params, request_id=str(index), adapter=adapter)
 
@@ -67,7 +69,7 @@ def _generate(
             if output.finished:
                 finals[output.request_id] = (
                     tuple(output.token_ids),
-                    tuple((lp.token_id, lp.logprob, tuple(lp.top)) for lp in output.logprobs),
+                    tuple((lp.token_id, lp.logprob, tuple(lp.top)) for lp in output.logprobs or ()),
                 )
         check_invariants(engine)
         steps += 1
@@ -147,6 +149,27 @@ def test_graph_steps_with_adapters_give_the_tokens_and_logprobs_of_eager_steps(
     assert {capacity.rank for capacity in capacities} == {16, 32}, "rank 20 rounds up to 32"
     assert ("qkv", "o", "gate_up", "down") in [capacity.groups for capacity in capacities]
     assert graphs.num_graphs == (len(graphs.keys) if ON_CUDA else 0)
+
+
+def test_graph_steps_launched_ahead_give_the_tokens_of_eager_steps(
+    tiny_llama: Path, graph_adapters: dict[str, Path]
+) -> None:
+    """Each decode pass queued before the step before's tokens are read (engine/step/launch_ahead.py): its input
+    ids are the drawn tokens, gathered on the device into the graph's buffer after the upload. Requests end one by
+    one and two join late (the passes are then dropped), the tokens are the eager engine's without passes."""
+    eager = _engine(tiny_llama, graphs=False, launch_ahead=False)[0]
+    ahead, graphs = _engine(tiny_llama, graphs=True, launch_ahead=True)
+    for engine in eager, ahead:
+        for name, folder in graph_adapters.items():
+            engine.add_adapter(name, folder)
+    adapters = ("all", "qv", None, "two", "wide", "all", "qv")
+    prompts = _prompts(eager, len(adapters))
+
+    expected = _generate(eager, prompts, adapters, logprobs=None)
+    _assert_same(_generate(ahead, prompts, adapters, logprobs=None), expected)
+    stats = ahead.stats()
+    assert stats.num_steps_launched_ahead >= 5 and stats.num_passes_dropped >= 1, stats
+    assert graphs.buckets, "the passes ran through the graphs' buffers"
 
 
 def test_a_step_the_graphs_cannot_take_runs_eagerly(tiny_llama: Path) -> None:

@@ -11,9 +11,15 @@ round robin. Reported:
   ``cuda_graphs``: whether decode steps replayed CUDA graphs (engine/step/decode_graphs.py), and then
   ``tok_s_base_eager`` / ``step_ms_base_eager`` and ``tok_s_16_eager`` / ``step_ms_16_eager``: the base and
   16-adapter workloads once more without them;
+- ``launch_ahead``: whether each decode pass was queued before the host read the step before's tokens
+  (engine/step/launch_ahead.py; on by default on CUDA, ``--launch-ahead`` says otherwise), and then
+  ``ahead_taken_*``: the steps of each workload that took a pass's logits, and ``tok_s_base_sync`` /
+  ``step_ms_base_sync`` and ``tok_s_16_sync`` / ``step_ms_16_sync``: the base and 16-adapter workloads once more
+  with the host and the device taking turns;
 - ``step_ms_base`` / ``step_ms_16``: the median wall time of a decode step at 256 rows (every running
-  sequence decoding, nothing else in the step); ``busy_ms_base`` / ``busy_ms_16``: the device's busy time
-  inside one such step (torch.profiler: the union of its kernels' intervals), CUDA only;
+  sequence decoding, nothing else in the step), from the call to its return with no synchronisation around it,
+  so that a pass launched ahead counts in the step that waits for it; ``busy_ms_base`` / ``busy_ms_16``: the
+  device's busy time inside one such step (torch.profiler: the union of its kernels' intervals), CUDA only;
 - ``top_kernels``: the kernels that took most device time in those steps;
 - ``floor_ms``: the step's floor from the device's memory bandwidth (--bandwidth-gbs): every weight and
   the 256 sequences' K/V read once;
@@ -111,10 +117,8 @@ class DecodeStepTimer:
         scheduler = self.engine.scheduler
         full = len(scheduler.running) == self.num_rows and not len(scheduler.admission)
         full = full and all(seq.num_output_tokens > 0 for seq in scheduler.running)
-        sync()
         start, start_cpu = time.perf_counter(), time.process_time()
         outputs = self.engine.step()
-        sync()
         if full and len(outputs) == self.num_rows:
             self.step_s.append(time.perf_counter() - start)
             self.cpu_s.append(time.process_time() - start_cpu)
@@ -232,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default="auto", choices=("auto", "torch", "native", "triton"))
     parser.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="the device's memory bandwidth (H200)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --quick)")
+    parser.add_argument(
+        "--launch-ahead", default="auto", choices=("auto", "on", "off"), help="EngineConfig.launch_ahead (auto: CUDA)"
+    )
     parser.add_argument("--hf-batch", type=int, default=64)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -257,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=max(2048, NUM_ROWS),
             num_speculative_tokens=0,
             num_threads=args.threads or (1 if args.quick else None),
+            launch_ahead={"auto": None, "on": True, "off": False}[args.launch_ahead],
         )
     )
     cfg = engine.model_config
@@ -272,20 +280,28 @@ def main(argv: list[str] | None = None) -> int:
     run_workload(engine, prompts[:8], 4, names[:2])  # warm-up: every op once, with and without adapters
     freeze_startup_heap()  # as a worker process or a Ray replica does once its engine is built
 
-    graphs = engine._runner.decode_graphs  # on CUDA: the base and 16-adapter workloads run once more without them
+    runner = engine._runner
+    graphs = runner.decode_graphs  # on CUDA: the base and 16-adapter workloads run once more without them
+    ahead = runner.ahead  # where on: the base and 16-adapter workloads run once more without it
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
     result["cuda_graphs"] = graphs is not None
+    result["launch_ahead"] = ahead is not None
     workloads = (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ())
     workloads += (("base_eager", []), ("16_eager", names[:16])) if graphs is not None else ()
+    workloads += (("base_sync", []), ("16_sync", names[:16])) if ahead is not None else ()
     for label, used in workloads:
-        engine._runner.decode_graphs = None if label.endswith("_eager") else graphs
+        runner.decode_graphs = None if label.endswith("_eager") else graphs
+        runner.ahead = None if label.endswith("_sync") else ahead
+        taken = ahead.counts["taken"] if ahead is not None else 0
         tok_s, timer = run_workload(engine, prompts, output_len, used)
         result[f"tok_s_{label}"] = round(tok_s, 1)
+        if runner.ahead is not None:
+            result[f"ahead_taken_{label}"] = runner.ahead.counts["taken"] - taken
         if timer.step_s:
             result[f"step_ms_{label}"] = round(statistics.median(timer.step_s) * 1000, 3)
             result[f"step_cpu_ms_{label}"] = round(statistics.median(timer.cpu_s) * 1000, 3)
         logger.info("%s: %.1f tok/s, %d full decode steps", label, tok_s, len(timer.step_s))
-    engine._runner.decode_graphs = graphs
+    runner.decode_graphs, runner.ahead = graphs, ahead
     if not cuda:
         result["host_step_ms"] = result.get("step_ms_16")
         result["host_step_ms_base"] = result.get("step_ms_base")

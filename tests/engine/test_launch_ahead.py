@@ -1,0 +1,123 @@
+"""Launching the next decode pass ahead (engine/step/launch_ahead.py) changes when the device works, never a token.
+
+Each workload runs twice on the CPU, with the pass launched ahead and without; the outputs must be the same,
+token for token and text for text, and the pool's bookkeeping must hold after every step (the pass takes the
+slots of the token it computes before the step is applied). The workloads make the next step differ from the
+pass in every way it can: sequences that end by a stop token (their row is left out), a request admitted when
+one ends (the pass is dropped), preemption under a small pool, an abort between steps.
+"""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, SamplingParams
+from engine.memory.page_pool import OwnerKind
+from tests.engine.conftest import check_invariants, make_engine
+from tests.engine.lora_helpers import make_peft_adapter
+
+NUM_REQUESTS = 24
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_peft_adapter(
+        tiny_llama, tmp_path_factory.mktemp("ahead") / "qv", seed=5, r=4, target_modules=["q_proj", "v_proj"]
+    )
+
+
+def workload(stop_token: int | None) -> tuple[list[list[int]], list[SamplingParams], list[str | None]]:
+    """Greedy and seeded requests of different lengths, every third with the adapter."""
+    rng = random.Random(1)
+    prompts, params, adapters = [], [], []
+    for i in range(NUM_REQUESTS):
+        prompts.append([rng.randrange(3, 300) for _ in range(rng.randrange(4, 30))])
+        seeded = i % 2 == 1
+        params.append(
+            SamplingParams(
+                max_tokens=rng.randrange(6, 24),
+                ignore_eos=True,
+                temperature=0.9 if seeded else 0.0,
+                seed=7 + i if seeded else None,
+                stop_token_ids=[stop_token] if stop_token is not None and i % 3 == 0 else [],
+            )
+        )
+        adapters.append("qv" if i % 3 == 1 else None)
+    return prompts, params, adapters
+
+
+def run(engine: Engine, prompts, params, adapters, abort_at: int | None = None) -> dict[str, tuple]:
+    """Every request to its end, the invariants checked after each step; (tokens, text, finish) by request."""
+    ids = [engine.add_request(p, sp, adapter=a) for p, sp, a in zip(prompts, params, adapters, strict=True)]
+    finals = {}
+    step = 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        step += 1
+        if step == abort_at:
+            outputs += engine.abort_request(ids[0])
+        for output in outputs:
+            if output.finished:
+                finals[output.request_id] = (list(output.token_ids), output.text, output.finish_reason)
+        check_invariants(engine)
+    assert engine.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0, "pages leaked after all requests ended"
+    return {request_id: finals[request_id] for request_id in ids}
+
+
+def both(tiny_llama: Path, adapter: Path, kernels: str, abort_at: int | None = None, stop_token=None, **config):
+    """The workload without launching ahead, then with; the second engine, to read its counts."""
+    results = []
+    for ahead in (False, True):
+        engine = make_engine(tiny_llama, kernels=kernels, launch_ahead=ahead, **config)
+        engine.add_adapter("qv", adapter)
+        results.append(run(engine, *workload(stop_token), abort_at=abort_at))
+    assert results[1] == results[0]
+    return engine
+
+
+def a_frequent_token(tiny_llama: Path, adapter: Path, kernels: str) -> int:
+    """A token the workload's greedy outputs draw often, so a stop on it ends some of them early."""
+    engine = make_engine(tiny_llama, kernels=kernels)
+    engine.add_adapter("qv", adapter)
+    outputs = run(engine, *workload(None))
+    counts: dict[int, int] = {}
+    for tokens, _, _ in outputs.values():
+        for token in tokens:
+            counts[token] = counts.get(token, 0) + 1
+    return max(counts, key=counts.__getitem__)
+
+
+def test_same_tokens_when_every_request_runs_at_once(tiny_llama: Path, adapter: Path, kernels: str) -> None:
+    engine = both(tiny_llama, adapter, kernels, max_num_seqs=32)
+    stats = engine.stats()
+    assert stats.num_steps_launched_ahead >= 15, stats  # the longest request decodes 23 tokens, most from passes
+
+
+def test_same_tokens_when_stops_end_rows_and_waiting_requests_take_their_slots(
+    tiny_llama: Path, adapter: Path, kernels: str
+) -> None:
+    stop = a_frequent_token(tiny_llama, adapter, kernels)
+    engine = both(tiny_llama, adapter, kernels, stop_token=stop, max_num_seqs=8)
+    stats = engine.stats()
+    assert stats.num_steps_launched_ahead > 0 and stats.num_passes_dropped > 0, stats
+
+
+def test_same_tokens_under_preemption_and_an_abort(tiny_llama: Path, adapter: Path, kernels: str) -> None:
+    engine = both(tiny_llama, adapter, kernels, abort_at=5, max_num_seqs=16, pool_bytes=24 * 8192)
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.num_steps_launched_ahead > 0, stats
+
+
+def test_no_pass_while_proposals_have_room(tiny_llama: Path, adapter: Path) -> None:
+    engine = both(
+        tiny_llama, adapter, "native", max_num_seqs=32, num_speculative_tokens=3, speculative_max_step_tokens=64
+    )
+    stats = engine.stats()
+    assert stats.num_steps_launched_ahead == stats.num_passes_dropped == 0, stats
+
+
+def test_launch_ahead_defaults_to_cuda_only(tiny_llama: Path) -> None:
+    engine = make_engine(tiny_llama, max_num_seqs=32)
+    run(engine, *workload(None)[:2], [None] * NUM_REQUESTS)
+    assert engine.stats().num_steps_launched_ahead == 0
