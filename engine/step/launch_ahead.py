@@ -33,13 +33,11 @@ from engine.memory.page_pool import PagePool
 from engine.scheduling.scheduler import ScheduledSeq, Scheduler
 from engine.scheduling.sequence import Sequence
 from engine.speculative.verification import DraftPosition
-from engine.step.step_batch import StepBatch, build_step_batch
+from engine.step.step_batch import HOST, StepBatch, build_step_batch
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.host_tensor import host_tensor
 
 logger = logging.getLogger(__name__)
-
-HOST = torch.device("cpu")
 
 
 @dataclass(slots=True)
@@ -125,6 +123,11 @@ class LaunchAhead:
         logits = self._forward(replace(batch, input_ids=inputs))  # [num_ahead, vocab]
         slots = batch.slot_mapping.tolist()
         return _Pass({seq: (row, slots[row]) for row, seq in enumerate(batch.sampled_seqs)}, logits)
+
+    def drop(self) -> None:
+        """Forget the pass launched last: the tokens it took may not be the ones the step applies (the step failed
+        after the pass was launched and runs again row by row)."""
+        self._pending = None
 
     def take(self, items: tuple[ScheduledSeq, ...]) -> tuple[tuple[Sequence, ...], torch.Tensor] | None:
         """The sampled rows and logits [num_items, vocab] of a step of ``items``, from the pass launched before it

@@ -19,6 +19,8 @@ from loraplex_kernels.attention.paged_prefill_attention import plan_prefill_tile
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.host_tensor import host_tensor
 
+HOST = torch.device("cpu")  # where a step's batch is built, before it moves (or a CUDA graph takes it)
+
 
 @dataclass(frozen=True, slots=True)
 class StepBatch:

@@ -27,13 +27,11 @@ from engine.speculative.speculation import Speculator
 from engine.speculative.verification import Verified, accept, generator_states, rewind_generators
 from engine.step.decode_graphs import DecodeGraphs
 from engine.step.launch_ahead import LaunchAhead
-from engine.step.step_batch import StepBatch, build_step_batch
+from engine.step.step_batch import HOST, StepBatch, build_step_batch
 from engine.step.step_result import StepResult, fork_choices, prompt_scores
 from loraplex_kernels.backend import KernelBackend
 
 logger = logging.getLogger(__name__)
-
-HOST = torch.device("cpu")  # where a step's batch is built, before it moves (or a CUDA graph takes it)
 
 
 class StepRunner:
@@ -190,6 +188,8 @@ class StepRunner:
 
     def _run_each(self, scheduled: SchedulerOutput) -> tuple[SchedulerOutput, StepResult, list[RequestOutput]]:
         """After a failed step: run every sequence alone; fail those that fail alone, keep the others' tokens."""
+        if self.ahead is not None:
+            self.ahead.drop()
         kept: list[ScheduledSeq] = []
         result = StepResult()
         failed: list[RequestOutput] = []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import engine.step.step_runner as step_runner
 from engine import Engine, SamplingParams
 from engine.memory.page_pool import OwnerKind
 from tests.engine.conftest import check_invariants, make_engine
@@ -121,3 +122,30 @@ def test_launch_ahead_defaults_to_cuda_only(tiny_llama: Path) -> None:
     engine = make_engine(tiny_llama, max_num_seqs=32)
     run(engine, *workload(None)[:2], [None] * NUM_REQUESTS)
     assert engine.stats().num_steps_launched_ahead == 0
+
+
+def test_same_tokens_when_a_step_fails_after_its_pass_was_launched(
+    tiny_llama: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batched step fails once its tokens are drawn and the next pass queued; it runs again row by row, and
+    seeded rows draw again: the pass, which took the first draw's tokens, must not serve the step after."""
+    accept = step_runner.accept
+    calls = {"batched": 0}
+
+    def failing_once_batched(rows, token_ids, logprobs):
+        if len(rows) > 1:
+            calls["batched"] += 1
+            if calls["batched"] == 4:
+                raise RuntimeError("a fault after the draw")
+        return accept(rows, token_ids, logprobs)
+
+    monkeypatch.setattr(step_runner, "accept", failing_once_batched)
+    results = []
+    for ahead in (False, True):
+        calls["batched"] = 0
+        engine = make_engine(tiny_llama, kernels="native", launch_ahead=ahead, max_num_seqs=32)
+        engine.add_adapter("qv", adapter)
+        results.append(run(engine, *workload(None)))
+        assert calls["batched"] > 4
+    assert results[1] == results[0]
+    assert engine.stats().num_steps_launched_ahead > 0
