@@ -46,9 +46,9 @@ class DrawnTokens:
             self.copied.synchronize()
         logprobs: list[TokenLogprob | None] = [None] * len(self.batch.seqs)
         if self.raw is not None:
-            rows = list(self.batch.logprob_rows)
-            entries = token_logprobs(self.raw, self.token_ids[rows], list(self.batch.num_top_logprobs))
-            for row, entry in zip(rows, entries, strict=True):
+            chosen = self.token_ids.index_select(0, self.batch.logprob_index)  # [num_logprob_rows]
+            entries = token_logprobs(self.raw, chosen, list(self.batch.num_top_logprobs))
+            for row, entry in zip(self.batch.logprob_rows, entries, strict=True):
                 logprobs[row] = entry
         return SamplerOutput(self.host_token_ids.tolist(), logprobs)
 
@@ -65,16 +65,17 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = 
 @torch.inference_mode()
 def draw(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = KernelBackend.TORCH) -> DrawnTokens:
     """:func:`sample` up to the copy of its tokens to the host, which :meth:`DrawnTokens.read` waits for."""
-    raw = logits[list(batch.logprob_rows)] if batch.logprob_rows else None  # [num_logprob_rows, vocab], a copy
+    index = batch.logprob_index
+    raw = logits.index_select(0, index) if index is not None else None  # [num_logprob_rows, vocab], a copy
     logits = apply_logit_rules(logits, batch)  # [num_rows, vocab]
     if batch.all_greedy:
         chosen = argmax_rows(logits, backend)  # [num_rows]
     else:
-        greedy_rows = [row for row, seq in enumerate(batch.seqs) if seq.params.greedy]
-        greedy_ids = argmax_rows(logits[greedy_rows], backend) if greedy_rows else None  # [num_greedy]
+        greedy_rows = batch.greedy_rows  # [num_greedy]
+        greedy_ids = argmax_rows(logits.index_select(0, greedy_rows), backend) if greedy_rows is not None else None
         chosen = _draw(logits, batch)  # [num_rows]; ``logits`` is used up
         if greedy_ids is not None:
-            chosen[greedy_rows] = greedy_ids
+            chosen.index_copy_(0, greedy_rows, greedy_ids)
     if chosen.device.type == "cpu":
         return DrawnTokens(chosen, chosen, None, raw, batch)
     host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)  # [num_rows]

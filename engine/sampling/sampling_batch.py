@@ -15,6 +15,7 @@ from engine.memory.host_to_device import move_to_device
 from engine.sampling.grammar_mask import GrammarMask, build_grammar_mask
 from engine.sampling.penalty_counts import PenaltyCounts
 from engine.scheduling.sequence import Sequence
+from loraplex_kernels.host_tensor import host_tensor
 
 if TYPE_CHECKING:
     from engine.speculative.verification import DraftPosition
@@ -61,6 +62,9 @@ class SamplingBatch:
     logprob_rows: tuple[int, ...]  # rows whose token's logprob is returned
     num_top_logprobs: tuple[int, ...]  # per logprob row, alternatives asked for
     max_top_k: int = 0  # the largest of top_k, known on the host (reading it from the device would wait for it)
+    # The same rows as tensors, moved with the rest: a Python list indexing a device tensor is a blocking copy.
+    logprob_index: torch.Tensor | None = None  # [num_logprob_rows] int64; None when no row asks
+    greedy_rows: torch.Tensor | None = None  # [num_greedy] int64, the greedy rows of a step that samples others
 
 
 def build_sampling_batch(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) -> SamplingBatch:
@@ -89,6 +93,7 @@ def _build(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) ->
         if any(p.min_p > 0.0 for p in params):
             min_p = column([p.min_p for p in params])
     logprob_rows = tuple(row for row, p in enumerate(params) if p.logprobs is not None)
+    greedy_rows = [row for row, g in enumerate(greedy) if g]
     return SamplingBatch(
         seqs=tuple(seqs),
         all_greedy=all_greedy,
@@ -104,6 +109,8 @@ def _build(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device) ->
         logprob_rows=logprob_rows,
         num_top_logprobs=tuple(params[row].logprobs for row in logprob_rows),
         max_top_k=max_top_k,
+        logprob_index=host_tensor(logprob_rows) if logprob_rows else None,
+        greedy_rows=host_tensor(greedy_rows) if greedy_rows and not all_greedy else None,
     )
 
 

@@ -11,7 +11,8 @@ the step's. One clock read a call, no profiler. The garbage collector's passes d
 (``gc_full``: the count and total ms of full collections, ``gc_young`` of the others); the objects of the start are
 frozen first, as a worker process does, unless ``--no-freeze``. On a GPU a phase's time is the host's: the forward
 pass is the time to launch its kernels (``graph_forward`` on a step that replays a CUDA graph: its inputs copied and
-the graph launched), and reading the sampled tokens waits for the device (the step's one synchronisation).
+the graph launched), and reading the sampled tokens waits for the device (the step's one synchronisation); with
+the next pass launched ahead (the default on CUDA), that wait is what the host's work left of the device's.
 
     python -m scripts.profilers.host_step_phases --json           # last line: one JSON object
     python -m scripts.profilers.host_step_phases --cuda --json    # on a CUDA machine
@@ -43,7 +44,6 @@ from scripts.benchmarks.engine.bench_gpu import (
     SHAPES,
     TARGETS,
     make_requests,
-    sync,
     write_random_model,
 )
 from scripts.benchmarks.engine.bench_lora import write_synthetic_adapter
@@ -158,11 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     for (owner, name, phase), (_, _, function) in zip(PHASES, originals, strict=True):
         setattr(owner, name, clocked(function, phase, times))
     try:
-        for _ in range(args.steps):
-            sync()
+        for _ in range(args.steps):  # no synchronisation around a step: a pass launched ahead overlaps the next
             start = time.perf_counter()
             engine.step()
-            sync()
             times["step"].append(time.perf_counter() - start)
     finally:
         for owner, name, function in originals:

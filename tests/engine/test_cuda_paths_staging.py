@@ -219,9 +219,11 @@ def test_sampling_batch_for_cuda_is_built_on_the_host_and_moved_once(monkeypatch
         batch.penalties.output_counts,
         batch.logit_bias.values,
         batch.banned.rows,
+        batch.greedy_rows,  # the sampler indexes the logits with it: a Python list there would be a blocking copy
     ]
     assert all(fake.holds(tensor) for tensor in tensors)
     assert batch.top_k.tolist() == [5, 11, 50]
+    assert batch.greedy_rows.tolist() == [1] and batch.logprob_index is None
     assert batch.max_top_k == 50, "the largest top_k is known on the host, never read back from the device"
 
 
