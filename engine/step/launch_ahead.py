@@ -21,8 +21,10 @@ running sequence is among them, no waiting request can be admitted, and none of 
 """
 
 import logging
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 
@@ -42,9 +44,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Pass:
-    """A launched pass: each sequence's row in ``logits``, and the slot whose K/V the row wrote."""
+    """A launched pass: its sequences in row order, and for each its row, the position the row computed and the
+    page table it wrote through (the sequence's own array: freeing its pages gives it a new one)."""
 
-    rows: dict[Sequence, tuple[int, int]]  # sequence -> (its row, its slot: page * block_size + offset)
+    seqs: tuple[Sequence, ...]  # [num_rows], the rows' order
+    rows: dict[Sequence, tuple[int, int, "array[int]"]]  # sequence -> (its row, its position, its block_ids)
     logits: torch.Tensor  # [num_rows, vocab] fp32, queued on the device
 
 
@@ -104,12 +108,17 @@ class LaunchAhead:
         return seqs if set(seqs) == set(scheduler.running) else None
 
     def _launch(self, rows: list[Sequence], token_ids: torch.Tensor) -> _Pass | None:
+        block_size = self._pool.block_size
         items = []
         for seq in rows:
-            if seq.num_output_tokens + 1 >= seq.params.max_tokens:
+            num_tokens = len(seq.token_ids)
+            if num_tokens - len(seq.prompt_token_ids) + 1 >= seq.params.max_tokens:
                 continue  # the drawn token is its last
-            # Its slots through the drawn token's position (computed counts move only when the step is applied).
-            if self._kv.allocate_slots(seq, seq.num_tokens + 1 - seq.num_computed_tokens):
+            # Its slots through the drawn token's position (computed counts move only when the step is applied): most
+            # rows have it in their last page already, which the step wrote into, so it is theirs alone.
+            if num_tokens < len(seq.block_ids) * block_size or self._kv.allocate_slots(
+                seq, num_tokens + 1 - seq.num_computed_tokens
+            ):
                 items.append(ScheduledSeq(seq, 1))
         if not items:
             return None
@@ -117,12 +126,12 @@ class LaunchAhead:
         batch = build_step_batch(
             tuple(items), self._pool, self._model_config, HOST, self._kernels, self._lora_memo, ahead=True
         )
+        seqs = cast("tuple[Sequence, ...]", batch.sampled_seqs)  # decode rows: sequences, no proposal's positions
         row_of = {seq: row for row, seq in enumerate(rows)}
-        order = host_tensor([row_of[seq] for seq in batch.sampled_seqs])  # [num_ahead]
+        order = host_tensor([row_of[seq] for seq in seqs])  # [num_ahead]
         inputs = token_ids[order.to(token_ids.device, non_blocking=True)]  # [num_ahead], on the device
         logits = self._forward(replace(batch, input_ids=inputs))  # [num_ahead, vocab]
-        slots = batch.slot_mapping.tolist()
-        return _Pass({seq: (row, slots[row]) for row, seq in enumerate(batch.sampled_seqs)}, logits)
+        return _Pass(seqs, {seq: (row, len(seq.token_ids), seq.block_ids) for row, seq in enumerate(seqs)}, logits)
 
     def drop(self) -> None:
         """Forget the pass launched last: the tokens it took may not be the ones the step applies (the step failed
@@ -130,30 +139,29 @@ class LaunchAhead:
         self._pending = None
 
     def take(self, items: tuple[ScheduledSeq, ...]) -> tuple[tuple[Sequence, ...], torch.Tensor] | None:
-        """The sampled rows and logits [num_items, vocab] of a step of ``items``, from the pass launched before it
-        when every item is one decode row that the pass ran at its position, into the page the sequence holds
-        there; else None (and the pass is dropped)."""
+        """The sampled rows and logits [num_items, vocab] of a step of ``items``, from the pass launched before it,
+        when each item is one decode row that the pass ran at its position through the page table the sequence
+        holds; else None (and the pass is dropped). The rows come in the pass's order."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        block_size = self._pool.block_size
-        rows = []
+        rows = pending.rows
+        found = []
         for item in items:
             seq = item.seq
-            row = pending.rows.get(seq)
-            position = seq.num_computed_tokens
+            entry = rows.get(seq)
             if (
-                row is None
+                entry is None
                 or item.num_new_tokens != 1
-                or item.draft_token_ids
-                or position + 1 != seq.num_tokens
-                or row[1] != seq.block_ids[position // block_size] * block_size + position % block_size
+                or entry[1] != seq.num_computed_tokens
+                or entry[2] is not seq.block_ids
             ):
                 self.counts["dropped"] += 1
                 return None
-            rows.append(row[0])
+            found.append(entry[0])
         self.counts["taken"] += 1
-        if rows == list(range(len(rows))):
-            return tuple(item.seq for item in items), pending.logits[: len(rows)]
-        index = host_tensor(rows).to(pending.logits.device, non_blocking=True)  # [num_items]
-        return tuple(item.seq for item in items), pending.logits[index]
+        if len(found) == len(pending.seqs):  # every row the pass ran: most steps
+            return pending.seqs, pending.logits
+        found.sort()
+        index = host_tensor(found).to(pending.logits.device, non_blocking=True)  # [num_items]
+        return tuple(pending.seqs[row] for row in found), pending.logits[index]

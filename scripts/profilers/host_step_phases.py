@@ -58,6 +58,7 @@ PHASES = (
     (step_runner_module, "draw", "sample"),  # the tokens drawn, their copy to the host queued
     (step_runner_module.LaunchAhead, "launch", "launch_ahead"),  # the next pass queued (where launched ahead)
     (DrawnTokens, "read", "read_tokens"),  # waits for the draw: the step's one synchronisation
+    (step_runner_module.LaunchAhead, "take", "take_ahead"),  # the pass's logits handed to the step
     (step_runner_module, "accept", "accept"),
     (step_runner_module.Scheduler, "schedule", "schedule"),
     (step_runner_module.LlamaModel, "forward", "forward"),
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         "--frequency-penalty", type=float, default=0.0, help="every request's (the sampler then counts its tokens)"
     )
     parser.add_argument("--no-freeze", action="store_true", help="leave the start's objects to the collector")
+    parser.add_argument(
+        "--launch-ahead", default="auto", choices=("auto", "on", "off"), help="EngineConfig.launch_ahead (auto: CUDA)"
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=max(2048, NUM_ROWS),
             num_speculative_tokens=0,
             num_threads=None if args.cuda else 1,
+            launch_ahead={"auto": None, "on": True, "off": False}[args.launch_ahead],
         )
     )
     names = []
