@@ -17,7 +17,9 @@ with them next is queued behind the pass.
 
 A pass is launched only where the next step will likely be that decode step: every row of the step sampled
 one token (no proposal verified, no choice forked, no logprobs, whose reading would wait for the pass), every
-running sequence is among them, no waiting request can be admitted, and none of them ends by its length.
+running sequence is among them, no waiting request can be admitted, and with speculative decoding on, the step
+leaves proposals no room. A row whose drawn token is its last by ``max_tokens`` is left out. A pass that fails
+to launch is logged, and no pass is launched after it (as a failed CUDA graph capture leaves every step eager).
 """
 
 import logging
@@ -78,6 +80,7 @@ class LaunchAhead:
         self._kernels = kernels
         self._lora_memo = lora_memo
         self._pending: _Pass | None = None
+        self._failed = False  # a launch raised: no pass from then on
         self.counts = {"taken": 0, "dropped": 0}
 
     def launch(
@@ -86,13 +89,14 @@ class LaunchAhead:
         """Queue the next decode pass of ``rows`` (a step's sampled rows, in the order of ``token_ids`` [num_rows],
         drawn on the device and not read yet), where that step is likely next; a failure only skips it."""
         self._pending = None
-        seqs = None if has_forks or has_logprobs else self._likely_next(rows)
+        seqs = None if has_forks or has_logprobs or self._failed else self._likely_next(rows)
         if seqs is None:
             return
         try:
             self._pending = self._launch(seqs, token_ids)
-        except Exception:  # an optimisation: the next step runs as usual
-            logger.exception("launching the next decode pass ahead failed; the next step runs as usual")
+        except Exception:  # an optimisation: the steps run as they would without it
+            logger.exception("launching a decode pass ahead failed: from now on every step runs its own forward pass")
+            self._failed = True
 
     def _likely_next(self, rows: list[Sequence | DraftPosition]) -> list[Sequence] | None:
         """``rows``, when the next step is likely one decode row for each of them; else None."""

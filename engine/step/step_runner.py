@@ -148,9 +148,9 @@ class StepRunner:
     def _run(self, items: tuple[ScheduledSeq, ...], launch_ahead: bool = True) -> StepResult:
         """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork).
 
-        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more. With
-        ``launch_ahead`` (and the runner's :class:`LaunchAhead`), the logits come from the pass launched after the
-        step before where it ran this step, and the next pass is launched once this step's tokens are drawn.
+        A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more. With the
+        runner's :class:`LaunchAhead`, the logits are those of the pass the step before launched when that pass ran
+        this step's rows, and (``launch_ahead``) the next pass is launched as soon as this step's tokens are drawn.
         """
         if not items:
             return StepResult()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import engine.step.launch_ahead as launch_ahead
 import engine.step.step_runner as step_runner
 from engine import Engine, SamplingParams
 from engine.memory.page_pool import OwnerKind
@@ -149,3 +150,23 @@ def test_same_tokens_when_a_step_fails_after_its_pass_was_launched(
         assert calls["batched"] > 4
     assert results[1] == results[0]
     assert engine.stats().num_steps_launched_ahead > 0
+
+
+def test_a_pass_that_fails_to_launch_leaves_every_later_step_its_own_pass(
+    tiny_llama: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = run(make_engine(tiny_llama, kernels="native", max_num_seqs=32), *workload(None)[:2], [None] * 24)
+    engine = make_engine(tiny_llama, kernels="native", launch_ahead=True, max_num_seqs=32)
+    build = launch_ahead.build_step_batch
+    launches = []
+
+    def failing_third(*args, **kwargs):
+        launches.append(1)
+        if len(launches) == 3:
+            raise RuntimeError("a fault while building a pass")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(launch_ahead, "build_step_batch", failing_third)
+    assert run(engine, *workload(None)[:2], [None] * 24) == expected
+    assert len(launches) == 3 and engine.stats().num_steps_launched_ahead == 2
+    assert "launching a decode pass ahead failed" in caplog.text
