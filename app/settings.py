@@ -153,8 +153,8 @@ class Settings:
     (LORAPLEX_CUDA_GRAPHS=0: every step launched one kernel at a time); no effect on a CPU."""
     launch_ahead: bool = True
     """On a CUDA GPU, each decode step's forward pass is queued before the host has read the step before's tokens,
-    so the host's work overlaps the GPU's (LORAPLEX_LAUNCH_AHEAD=0: the host and the GPU take turns); the tokens
-    are the same either way; no effect on a CPU."""
+    so the host's work overlaps the GPU's (LORAPLEX_LAUNCH_AHEAD=0: the host and the GPU take turns); no effect
+    on a CPU."""
 
     demo: bool = True
     """On first start with an empty database, create a demo tenant, key and adapters (LORAPLEX_DEMO=0: no)."""

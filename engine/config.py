@@ -86,8 +86,8 @@ class EngineConfig:
     launch_ahead: bool | None = None
     """Queue the next decode step's forward pass on the device as soon as a step's tokens are drawn, before the
     host reads them, so the host's work on the step (outputs, scheduling, the next tables) overlaps the device's
-    (engine/step/launch_ahead.py). The tokens are the same either way. None: on CUDA, where the host and the
-    device run apart; on a CPU the pass runs at once, so it gains nothing there."""
+    (engine/step/launch_ahead.py). The scheduler decides the same either way. None: on CUDA, where the host and
+    the device run apart; on a CPU the pass runs at once, so it gains nothing there."""
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 0:

@@ -203,11 +203,12 @@ class EngineStats:
     """The proposed tokens that verification accepted, by adapter."""
 
     num_steps_launched_ahead: int = 0
-    """Steps whose logits came from the forward pass queued before the step before's tokens were read
-    (``EngineConfig.launch_ahead``)."""
+    """Steps whose decode rows took their logits from the forward pass queued before the step before's tokens
+    were read (``EngineConfig.launch_ahead``)."""
 
     num_passes_dropped: int = 0
-    """Passes queued ahead that the next step could not use (it admitted a request, a row ended, ...)."""
+    """Passes queued ahead none of whose rows the next step took (its sequences ended or were preempted, or
+    verified proposals)."""
 
     @property
     def acceptance_rate(self) -> float:

@@ -7,19 +7,22 @@ as soon as a step's tokens are drawn (on the device, not yet read), the forward 
 over the same sequences is queued behind them, its input ids those drawn tokens, gathered on the device. The
 host then reads the tokens and does its work while the device runs that pass.
 
-Nothing the scheduler decides changes. The next step is scheduled as always; when it is one decode row for
-each of some of the sequences the pass ran, at the position the pass ran them at, its logits are the pass's
-rows for them (:meth:`LaunchAhead.take`). Otherwise the pass is dropped and the step runs as usual. A dropped
-pass costs device time, never a result: it wrote K/V only into its sequences' own slots, at the position past
-their tokens, for the very token each drew (so a step that runs the row again writes the same), and a
-sequence that ended or was preempted meanwhile frees its pages only on the host: whatever the device does
-with them next is queued behind the pass.
+Nothing the scheduler decides changes. The next step is scheduled as always; each of its items that is one
+decode row of a sequence the pass ran, at the position and through the page table the pass ran it with, takes
+the pass's row of logits (:meth:`LaunchAhead.take`); the step's other items (a request admitted meanwhile, a
+prompt's next chunk, proposals) run in a forward pass of their own, as the whole step would without the pass.
+On the native CPU kernels a row is the same bits in any batch, so which pass computes it changes nothing; on
+CUDA it is as between any two batchings (docs/triton-kernels.md). A pass none of whose rows the step takes is
+dropped. A pass costs device time, never a result: it wrote K/V only into its sequences' own slots,
+at the position past their tokens, for the very token each drew (so a step that runs the row again writes the
+same), and a sequence that ended or was preempted meanwhile frees its pages only on the host: whatever the
+device does with them next is queued behind the pass.
 
-A pass is launched only where the next step will likely be that decode step: every row of the step sampled
-one token (no proposal verified, no choice forked, no logprobs, whose reading would wait for the pass), every
-running sequence is among them, no waiting request can be admitted, and with speculative decoding on, the step
-leaves proposals no room. A row whose drawn token is its last by ``max_tokens`` is left out. A pass that fails
-to launch is logged, and no pass is launched after it (as a failed CUDA graph capture leaves every step eager).
+A pass is launched when every row of the step sampled one token (no proposal verified, no choice forked, no
+logprobs, whose reading would wait for the pass) and, with speculative decoding on, the step leaves proposals
+no room (the next step would verify proposals in rows of their own). A row whose drawn token is its last by
+``max_tokens`` is left out. A pass that fails to launch is logged, and no pass is launched after it (as a
+failed CUDA graph capture leaves every step eager).
 """
 
 import logging
@@ -54,10 +57,19 @@ class _Pass:
     logits: torch.Tensor  # [num_rows, vocab] fp32, queued on the device
 
 
+@dataclass(frozen=True, slots=True)
+class TakenRows:
+    """What a step takes from the pass launched before it, and what it still runs itself."""
+
+    seqs: tuple[Sequence, ...]  # the step's rows the pass ran, in the pass's order
+    logits: torch.Tensor  # [len(seqs), vocab] fp32
+    rest: tuple[ScheduledSeq, ...]  # the step's other items, for a forward pass of their own
+
+
 class LaunchAhead:
     """Launches the pass after a step's draw (:meth:`launch`) and hands its logits to the next step (:meth:`take`).
 
-    ``counts``: steps that took a pass's logits ("taken"), and passes dropped because the step was another
+    ``counts``: steps that took rows of a pass ("taken"), and passes none of whose rows the next step took
     ("dropped").
     """
 
@@ -87,29 +99,18 @@ class LaunchAhead:
         self, rows: list[Sequence | DraftPosition], token_ids: torch.Tensor, has_forks: bool, has_logprobs: bool
     ) -> None:
         """Queue the next decode pass of ``rows`` (a step's sampled rows, in the order of ``token_ids`` [num_rows],
-        drawn on the device and not read yet), where that step is likely next; a failure only skips it."""
+        drawn on the device and not read yet), unless the next step cannot take it; a failure only skips it."""
         self._pending = None
-        seqs = None if has_forks or has_logprobs or self._failed else self._likely_next(rows)
-        if seqs is None:
+        if has_forks or has_logprobs or self._failed or any(isinstance(row, DraftPosition) for row in rows):
             return
+        speculator = self._scheduler.speculator
+        if speculator is not None and len(rows) < speculator.max_step_tokens:
+            return  # the next step has room for proposals, verified in rows of their own
         try:
-            self._pending = self._launch(seqs, token_ids)
+            self._pending = self._launch(cast("list[Sequence]", rows), token_ids)
         except Exception:  # an optimisation: the steps run as they would without it
             logger.exception("launching a decode pass ahead failed: from now on every step runs its own forward pass")
             self._failed = True
-
-    def _likely_next(self, rows: list[Sequence | DraftPosition]) -> list[Sequence] | None:
-        """``rows``, when the next step is likely one decode row for each of them; else None."""
-        scheduler = self._scheduler
-        seqs = [row for row in rows if not isinstance(row, DraftPosition)]
-        if not seqs or len(seqs) != len(rows) or len(seqs) != len(scheduler.running):
-            return None  # a proposal was verified, or a running sequence did not sample (its prompt goes on)
-        speculator = scheduler.speculator
-        if speculator is not None and len(seqs) < speculator.max_step_tokens:
-            return None  # the next step has room for proposals, which are rows of their own
-        if len(scheduler.admission) and len(seqs) < scheduler.max_num_seqs:
-            return None  # a waiting request would be admitted with its prompt
-        return seqs if set(seqs) == set(scheduler.running) else None
 
     def _launch(self, rows: list[Sequence], token_ids: torch.Tensor) -> _Pass | None:
         block_size = self._pool.block_size
@@ -142,30 +143,34 @@ class LaunchAhead:
         after the pass was launched and runs again row by row)."""
         self._pending = None
 
-    def take(self, items: tuple[ScheduledSeq, ...]) -> tuple[tuple[Sequence, ...], torch.Tensor] | None:
-        """The sampled rows and logits [num_items, vocab] of a step of ``items``, from the pass launched before it,
-        when each item is one decode row that the pass ran at its position through the page table the sequence
-        holds; else None (and the pass is dropped). The rows come in the pass's order."""
+    def take(self, items: tuple[ScheduledSeq, ...]) -> TakenRows | None:
+        """The rows of a step of ``items`` that the pass launched before it ran: each item that is one decode row
+        of a sequence the pass ran, at the position and through the page table the pass ran it with. None (and the
+        pass dropped) when there is no such item."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         rows = pending.rows
-        found = []
+        found: list[int] = []
+        rest: list[ScheduledSeq] = []
         for item in items:
             seq = item.seq
             entry = rows.get(seq)
             if (
-                entry is None
-                or item.num_new_tokens != 1
-                or entry[1] != seq.num_computed_tokens
-                or entry[2] is not seq.block_ids
+                entry is not None
+                and item.num_new_tokens == 1
+                and entry[1] == seq.num_computed_tokens
+                and entry[2] is seq.block_ids
             ):
-                self.counts["dropped"] += 1
-                return None
-            found.append(entry[0])
+                found.append(entry[0])
+            else:
+                rest.append(item)
+        if not found:
+            self.counts["dropped"] += 1
+            return None
         self.counts["taken"] += 1
         if len(found) == len(pending.seqs):  # every row the pass ran: most steps
-            return pending.seqs, pending.logits
+            return TakenRows(pending.seqs, pending.logits, tuple(rest))
         found.sort()
-        index = host_tensor(found).to(pending.logits.device, non_blocking=True)  # [num_items]
-        return tuple(pending.seqs[row] for row in found), pending.logits[index]
+        index = host_tensor(found).to(pending.logits.device, non_blocking=True)  # [num_found]
+        return TakenRows(tuple(pending.seqs[row] for row in found), pending.logits[index], tuple(rest))

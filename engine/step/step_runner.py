@@ -149,22 +149,28 @@ class StepRunner:
         """The forward pass and sampling: each sequence that reached its end gets one token (each choice, on a fork).
 
         A sequence verifying a proposal gets the proposed tokens its rows agree with, and one more. With the
-        runner's :class:`LaunchAhead`, the logits are those of the pass the step before launched when that pass ran
-        this step's rows, and (``launch_ahead``) the next pass is launched as soon as this step's tokens are drawn.
+        runner's :class:`LaunchAhead`, the rows that the pass the step before launched ran take its logits and the
+        other items run in a forward pass of their own; and (``launch_ahead``) the next pass is launched as soon as
+        this step's tokens are drawn.
         """
         if not items:
             return StepResult()
         taken = self.ahead.take(items) if self.ahead is not None else None
-        if taken is not None:
-            sampled_seqs, logits = taken  # logits [num_sampled, vocab]
-            batch = None
-        else:
-            batch = build_step_batch(items, self.pool, self.model_config, HOST, self.kernels, self.lora_memo)
-            sampled_seqs = batch.sampled_seqs
-            logits = self._forward(batch)  # [num_sampled + num_scored, vocab]
-        num_sampled = len(sampled_seqs)
+        rest = items if taken is None else taken.rest
+        batch = (
+            build_step_batch(rest, self.pool, self.model_config, HOST, self.kernels, self.lora_memo) if rest else None
+        )
+        logits = self._forward(batch) if batch is not None else None  # [num_rest_sampled + num_scored, vocab]
+        num_rest = len(batch.sampled_seqs) if batch is not None else 0
+        if taken is None:
+            sampled_seqs, step_logits = batch.sampled_seqs, logits[:num_rest]  # [num_sampled, vocab]
+        elif not num_rest:
+            sampled_seqs, step_logits = taken.seqs, taken.logits
+        else:  # the pass's rows, then the step's own
+            sampled_seqs = taken.seqs + batch.sampled_seqs
+            step_logits = torch.cat([taken.logits, logits[:num_rest]])  # [num_sampled, vocab]
         rows, seqs, forks = fork_choices(sampled_seqs, self.tokenizer)
-        sampled_logits = logits[:num_sampled] if not forks else logits[rows]  # [num_choices, vocab]
+        sampled_logits = step_logits if not forks else step_logits[rows]  # [num_choices, vocab]
         sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
         states = generator_states(seqs)
         drawn = draw(sampled_logits, sampling, self.kernels)
@@ -175,7 +181,7 @@ class StepRunner:
         rewind_generators(states, verified)
         return StepResult(
             sampled=verified,
-            scores=prompt_scores(batch, logits[num_sampled:]) if batch is not None else [],
+            scores=prompt_scores(batch, logits[num_rest:]) if batch is not None else [],
             forks=forks,
         )
 

@@ -156,7 +156,8 @@ def test_graph_steps_launched_ahead_give_the_tokens_of_eager_steps(
 ) -> None:
     """Each decode pass queued before the step before's tokens are read (engine/step/launch_ahead.py): its input
     ids are the drawn tokens, gathered on the device into the graph's buffer after the upload. Requests end one by
-    one and two join late (the passes are then dropped), the tokens are the eager engine's without passes."""
+    one and two join late (their prompts run beside the pass's rows, eagerly); the tokens are the eager engine's
+    without passes."""
     eager = _engine(tiny_llama, graphs=False, launch_ahead=False)[0]
     ahead, graphs = _engine(tiny_llama, graphs=True, launch_ahead=True)
     for engine in eager, ahead:
@@ -168,7 +169,7 @@ def test_graph_steps_launched_ahead_give_the_tokens_of_eager_steps(
     expected = _generate(eager, prompts, adapters, logprobs=None)
     _assert_same(_generate(ahead, prompts, adapters, logprobs=None), expected)
     stats = ahead.stats()
-    assert stats.num_steps_launched_ahead >= 5 and stats.num_passes_dropped >= 1, stats
+    assert stats.num_steps_launched_ahead >= 5, stats
     assert graphs.buckets, "the passes ran through the graphs' buffers"
 
 
