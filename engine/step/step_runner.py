@@ -8,6 +8,7 @@ forgotten, once its last choice finishes.
 """
 
 import logging
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -157,6 +158,8 @@ class StepRunner:
             return StepResult()
         taken = self.ahead.take(items) if self.ahead is not None else None
         rest = items if taken is None else taken.rest
+        if taken is not None and rest:  # the pass's logits may be a graph's output, which the rest may replay
+            taken = replace(taken, logits=taken.logits.clone())  # [num_taken, vocab]
         batch = (
             build_step_batch(rest, self.pool, self.model_config, HOST, self.kernels, self.lora_memo) if rest else None
         )
