@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling.grammar_mask import apply_grammar_mask
-from engine.sampling.logprobs import TokenLogprob, token_logprobs
+from engine.sampling.logprobs import LogprobTensors, TokenLogprob, entries, logprob_tensors
 from engine.sampling.sampling_batch import Penalties, SamplingBatch, SparseLogits
 from loraplex_kernels.backend import KernelBackend
 from loraplex_kernels.layer_ops.argmax_rows import argmax_rows
@@ -28,16 +28,17 @@ class SamplerOutput:
 
 @dataclass(frozen=True, slots=True)
 class DrawnTokens:
-    """A step's chosen tokens on the logits' device, their copy to the host queued behind them.
+    """A step's chosen tokens (and the logprobs asked for) on the host once ``copied`` has completed.
 
-    Work queued after the draw (the next step's forward, launched ahead) does not delay :meth:`read`: on CUDA it
-    waits for an event recorded right after the copy, not for the whole stream.
+    Their copies from the device are queued right behind the draw, so work queued after it (the next step's
+    forward pass, launched ahead) does not delay :meth:`read`: on CUDA it waits for an event recorded after the
+    copies, not for the whole stream.
     """
 
     token_ids: torch.Tensor  # [num_rows] int64, on the logits' device
     host_token_ids: torch.Tensor  # [num_rows] int64 on the host: pinned, in flight until ``copied`` on CUDA
-    copied: "torch.cuda.Event | None"  # None on a CPU, where the copy is done
-    raw: torch.Tensor | None  # [num_logprob_rows, vocab]: the rows that asked for logprobs, as the model gave them
+    logprobs: LogprobTensors | None  # the rows that asked for logprobs, on the host as the tokens are
+    copied: "torch.cuda.Event | None"  # None on a CPU, where nothing is in flight
     batch: SamplingBatch
 
     def read(self) -> SamplerOutput:
@@ -45,10 +46,9 @@ class DrawnTokens:
         if self.copied is not None:
             self.copied.synchronize()
         logprobs: list[TokenLogprob | None] = [None] * len(self.batch.seqs)
-        if self.raw is not None:
-            chosen = self.token_ids.index_select(0, self.batch.logprob_index)  # [num_logprob_rows]
-            entries = token_logprobs(self.raw, chosen, list(self.batch.num_top_logprobs))
-            for row, entry in zip(self.batch.logprob_rows, entries, strict=True):
+        if self.logprobs is not None:
+            rows = self.batch.logprob_rows
+            for row, entry in zip(rows, entries(self.logprobs, list(self.batch.num_top_logprobs)), strict=True):
                 logprobs[row] = entry
         return SamplerOutput(self.host_token_ids.tolist(), logprobs)
 
@@ -64,7 +64,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = 
 
 @torch.inference_mode()
 def draw(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = KernelBackend.TORCH) -> DrawnTokens:
-    """:func:`sample` up to the copy of its tokens to the host, which :meth:`DrawnTokens.read` waits for."""
+    """:func:`sample` up to the copies of its results to the host, which :meth:`DrawnTokens.read` waits for."""
     index = batch.logprob_index
     raw = logits.index_select(0, index) if index is not None else None  # [num_logprob_rows, vocab], a copy
     logits = apply_logit_rules(logits, batch)  # [num_rows, vocab]
@@ -76,13 +76,17 @@ def draw(logits: torch.Tensor, batch: SamplingBatch, backend: KernelBackend = Ke
         chosen = _draw(logits, batch)  # [num_rows]; ``logits`` is used up
         if greedy_ids is not None:
             chosen.index_copy_(0, greedy_rows, greedy_ids)
+    logprobs = None
+    if raw is not None:
+        max_top = max(batch.num_top_logprobs)
+        logprobs = logprob_tensors(raw, chosen.index_select(0, index), max_top).to_host()
     if chosen.device.type == "cpu":
-        return DrawnTokens(chosen, chosen, None, raw, batch)
+        return DrawnTokens(chosen, chosen, logprobs, None, batch)
     host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)  # [num_rows]
     host.copy_(chosen, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
-    return DrawnTokens(chosen, host, copied, raw, batch)
+    return DrawnTokens(chosen, host, logprobs, copied, batch)
 
 
 def apply_logit_rules(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -18,10 +18,10 @@ at the position past their tokens, for the very token each drew (so a step that 
 same), and a sequence that ended or was preempted meanwhile frees its pages only on the host: whatever the
 device does with them next is queued behind the pass.
 
-A pass is launched when every row of the step sampled one token (no proposal verified, no choice forked, no
-logprobs, whose reading would wait for the pass) and, with speculative decoding on, the step leaves proposals
-no room (the next step would verify proposals in rows of their own). A row whose drawn token is its last by
-``max_tokens`` is left out. A pass that fails to launch is logged, and no pass is launched after it (as a
+A pass is launched when every row of the step sampled one token (no proposal verified, no choice forked, no prompt
+logprobs scored, whose reading would wait for the pass) and, with speculative decoding on, the step leaves
+proposals no room (the next step would verify proposals in rows of their own). A row whose drawn token is its last
+by ``max_tokens`` is left out. A pass that fails to launch is logged, and no pass is launched after it (as a
 failed CUDA graph capture leaves every step eager).
 """
 
@@ -95,13 +95,12 @@ class LaunchAhead:
         self._failed = False  # a launch raised: no pass from then on
         self.counts = {"taken": 0, "dropped": 0}
 
-    def launch(
-        self, rows: list[Sequence | DraftPosition], token_ids: torch.Tensor, has_forks: bool, has_logprobs: bool
-    ) -> None:
+    def launch(self, rows: list[Sequence | DraftPosition], token_ids: torch.Tensor) -> None:
         """Queue the next decode pass of ``rows`` (a step's sampled rows, in the order of ``token_ids`` [num_rows],
-        drawn on the device and not read yet), unless the next step cannot take it; a failure only skips it."""
+        drawn on the device and not read yet; no choice forked from them), unless the next step cannot take it;
+        a failure only skips it."""
         self._pending = None
-        if has_forks or has_logprobs or self._failed or any(isinstance(row, DraftPosition) for row in rows):
+        if self._failed or any(isinstance(row, DraftPosition) for row in rows):
             return
         speculator = self._scheduler.speculator
         if speculator is not None and len(rows) < speculator.max_step_tokens:

@@ -177,8 +177,8 @@ class StepRunner:
         sampling = build_sampling_batch(seqs, self.model_config.vocab_size, self.device)
         states = generator_states(seqs)
         drawn = draw(sampled_logits, sampling, self.kernels)
-        if self.ahead is not None and launch_ahead:
-            self.ahead.launch(seqs, drawn.token_ids, bool(forks), bool(sampling.logprob_rows))
+        if self.ahead is not None and launch_ahead and not forks and (batch is None or not batch.scored):
+            self.ahead.launch(seqs, drawn.token_ids)  # not after forks (new choices) or prompt scores (read later)
         out = drawn.read()
         verified = accept(seqs, out.token_ids, out.logprobs)
         rewind_generators(states, verified)

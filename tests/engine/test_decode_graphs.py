@@ -50,14 +50,13 @@ def _generate(
     adapters: tuple[str | None, ...] = (),
     max_tokens: tuple[int, ...] = MAX_TOKENS,
     late: int = LATE,
-    logprobs: int | None = 2,
 ) -> dict[str, tuple]:
     """Each request's tokens and logprobs; the last ``late`` requests join after the first decode step. Request
     ``i`` asks ``max_tokens[i]`` tokens of adapter ``adapters[i]`` (None or past the tuple: the base model)."""
     finals: dict[str, tuple] = {}
 
     def add(index: int) -> None:
-        params = SamplingParams(max_tokens=max_tokens[index], temperature=0.0, ignore_eos=True, logprobs=logprobs)
+        params = SamplingParams(max_tokens=max_tokens[index], temperature=0.0, ignore_eos=True, logprobs=2)
         adapter = adapters[index] if index < len(adapters) else None
         engine.add_request(prompts[index], params, request_id=str(index), adapter=adapter)
 
@@ -69,7 +68,7 @@ def _generate(
             if output.finished:
                 finals[output.request_id] = (
                     tuple(output.token_ids),
-                    tuple((lp.token_id, lp.logprob, tuple(lp.top)) for lp in output.logprobs or ()),
+                    tuple((lp.token_id, lp.logprob, tuple(lp.top)) for lp in output.logprobs),
                 )
         check_invariants(engine)
         steps += 1
@@ -151,13 +150,13 @@ def test_graph_steps_with_adapters_give_the_tokens_and_logprobs_of_eager_steps(
     assert graphs.num_graphs == (len(graphs.keys) if ON_CUDA else 0)
 
 
-def test_graph_steps_launched_ahead_give_the_tokens_of_eager_steps(
+def test_graph_steps_launched_ahead_give_the_tokens_and_logprobs_of_eager_steps(
     tiny_llama: Path, graph_adapters: dict[str, Path]
 ) -> None:
     """Each decode pass queued before the step before's tokens are read (engine/step/launch_ahead.py): its input
-    ids are the drawn tokens, gathered on the device into the graph's buffer after the upload. Requests end one by
-    one and two join late (their prompts run beside the pass's rows, eagerly); the tokens are the eager engine's
-    without passes."""
+    ids are the drawn tokens, gathered on the device into the graph's buffer after the upload, and the logprobs
+    are read without waiting for it. Requests end one by one and two join late (their prompts run beside the
+    pass's rows, eagerly); the tokens and logprobs are the eager engine's without passes."""
     eager = _engine(tiny_llama, graphs=False, launch_ahead=False)[0]
     ahead, graphs = _engine(tiny_llama, graphs=True, launch_ahead=True)
     for engine in eager, ahead:
@@ -166,8 +165,8 @@ def test_graph_steps_launched_ahead_give_the_tokens_of_eager_steps(
     adapters = ("all", "qv", None, "two", "wide", "all", "qv")
     prompts = _prompts(eager, len(adapters))
 
-    expected = _generate(eager, prompts, adapters, logprobs=None)
-    _assert_same(_generate(ahead, prompts, adapters, logprobs=None), expected)
+    expected = _generate(eager, prompts, adapters)
+    _assert_same(_generate(ahead, prompts, adapters), expected)
     stats = ahead.stats()
     assert stats.num_steps_launched_ahead >= 5, stats
     assert graphs.buckets, "the passes ran through the graphs' buffers"

@@ -30,7 +30,7 @@ def adapter(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def workload(stop_token: int | None) -> tuple[list[list[int]], list[SamplingParams], list[str | None]]:
-    """Greedy and seeded requests of different lengths, every third with the adapter."""
+    """Greedy and seeded requests of different lengths, every third with the adapter, every fourth with logprobs."""
     rng = random.Random(1)
     prompts, params, adapters = [], [], []
     for i in range(NUM_REQUESTS):
@@ -43,6 +43,7 @@ def workload(stop_token: int | None) -> tuple[list[list[int]], list[SamplingPara
                 temperature=0.9 if seeded else 0.0,
                 seed=7 + i if seeded else None,
                 stop_token_ids=[stop_token] if stop_token is not None and i % 3 == 0 else [],
+                logprobs=2 if i % 4 == 2 else None,
             )
         )
         adapters.append("qv" if i % 3 == 1 else None)
@@ -50,7 +51,8 @@ def workload(stop_token: int | None) -> tuple[list[list[int]], list[SamplingPara
 
 
 def run(engine: Engine, prompts, params, adapters, abort_at: int | None = None) -> dict[str, tuple]:
-    """Every request to its end, the invariants checked after each step; (tokens, text, finish) by request."""
+    """Every request to its end, the invariants checked after each step; (tokens, text, finish, logprobs) by
+    request."""
     ids = [engine.add_request(p, sp, adapter=a) for p, sp, a in zip(prompts, params, adapters, strict=True)]
     finals = {}
     step = 0
@@ -61,7 +63,12 @@ def run(engine: Engine, prompts, params, adapters, abort_at: int | None = None) 
             outputs += engine.abort_request(ids[0])
         for output in outputs:
             if output.finished:
-                finals[output.request_id] = (list(output.token_ids), output.text, output.finish_reason)
+                finals[output.request_id] = (
+                    list(output.token_ids),
+                    output.text,
+                    output.finish_reason,
+                    output.logprobs and list(output.logprobs),
+                )
         check_invariants(engine)
     assert engine.pool.stats().pages_by_owner[OwnerKind.KV.value] == 0, "pages leaked after all requests ended"
     return {request_id: finals[request_id] for request_id in ids}
@@ -74,8 +81,25 @@ def both(tiny_llama: Path, adapter: Path, kernels: str, abort_at: int | None = N
         engine = make_engine(tiny_llama, kernels=kernels, launch_ahead=ahead, **config)
         engine.add_adapter("qv", adapter)
         results.append(run(engine, *workload(stop_token), abort_at=abort_at))
-    assert results[1] == results[0]
+    assert_same(results[1], results[0], kernels)
     return engine
+
+
+def assert_same(got: dict[str, tuple], expected: dict[str, tuple], kernels: str) -> None:
+    """The same tokens, text and finish; the same logprobs, to the bit on the native kernels (a row is the same
+    bits in any batch there) and within 1e-5 on the torch ones, which promise no such thing."""
+    if kernels == "native":
+        assert got == expected
+        return
+    assert got.keys() == expected.keys()
+    for request_id, (tokens, text, finish, logprobs) in expected.items():
+        got_tokens, got_text, got_finish, got_logprobs = got[request_id]
+        assert (got_tokens, got_text, got_finish) == (tokens, text, finish), request_id
+        assert (got_logprobs is None) == (logprobs is None), request_id
+        for entry, got_entry in zip(logprobs or (), got_logprobs or (), strict=True):
+            assert got_entry.token_id == entry.token_id
+            assert got_entry.logprob == pytest.approx(entry.logprob, abs=1e-5)
+            assert [token for token, _ in got_entry.top] == [token for token, _ in entry.top]
 
 
 def a_frequent_token(tiny_llama: Path, adapter: Path, kernels: str) -> int:
@@ -84,7 +108,7 @@ def a_frequent_token(tiny_llama: Path, adapter: Path, kernels: str) -> int:
     engine.add_adapter("qv", adapter)
     outputs = run(engine, *workload(None))
     counts: dict[int, int] = {}
-    for tokens, _, _ in outputs.values():
+    for tokens, *_ in outputs.values():
         for token in tokens:
             counts[token] = counts.get(token, 0) + 1
     return max(counts, key=counts.__getitem__)
