@@ -32,6 +32,11 @@ kernels: ``host_step_ms`` with 16 adapters and ``host_step_ms_base`` without (wa
 same steps' CPU time (the host's work alone, whatever else the machine runs) and ``host_step_ratio`` the one over
 the other in CPU time: the figures to watch when making the host's share of a step smaller.
 
+The order is what matters first: the 0-, 16- and 64-adapter workloads, the profile and the floor, then the runs
+without graphs and without passes, then transformers. With ``--json`` each of those ends with a line of every
+figure so far (the last line is the whole object), so a run stopped by a time limit still ends with what it
+measured.
+
     python -m scripts.benchmarks.engine.bench_gpu --json            # on a CUDA machine; last line: one JSON object
     python -m scripts.benchmarks.engine.bench_gpu --quick --json    # any CPU
 """
@@ -286,22 +291,30 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"shape": shape, "device": "cuda" if cuda else "cpu", "rows": NUM_ROWS}
     result["cuda_graphs"] = graphs is not None
     result["launch_ahead"] = ahead is not None
-    workloads = (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ())
-    workloads += (("base_eager", []), ("16_eager", names[:16])) if graphs is not None else ()
-    workloads += (("base_sync", []), ("16_sync", names[:16])) if ahead is not None else ()
-    for label, used in workloads:
+
+    def emit() -> None:
+        """With --json, the figures so far as one line: a run cut short still ends with what it measured."""
+        if args.json:
+            sys.stdout.write(json.dumps(result) + "\n")
+            sys.stdout.flush()
+
+    def run_labelled(label: str, used: list[str]) -> None:
         runner.decode_graphs = None if label.endswith("_eager") else graphs
         runner.ahead = None if label.endswith("_sync") else ahead
         taken = ahead.counts["taken"] if ahead is not None else 0
         tok_s, timer = run_workload(engine, prompts, output_len, used)
+        runner.decode_graphs, runner.ahead = graphs, ahead
         result[f"tok_s_{label}"] = round(tok_s, 1)
-        if runner.ahead is not None:
-            result[f"ahead_taken_{label}"] = runner.ahead.counts["taken"] - taken
+        if ahead is not None and not label.endswith("_sync"):
+            result[f"ahead_taken_{label}"] = ahead.counts["taken"] - taken
         if timer.step_s:
             result[f"step_ms_{label}"] = round(statistics.median(timer.step_s) * 1000, 3)
             result[f"step_cpu_ms_{label}"] = round(statistics.median(timer.cpu_s) * 1000, 3)
         logger.info("%s: %.1f tok/s, %d full decode steps", label, tok_s, len(timer.step_s))
-    runner.decode_graphs, runner.ahead = graphs, ahead
+        emit()
+
+    for label, used in (("base", []), ("16", names[:16])) + ((("64", names),) if cuda else ()):
+        run_labelled(label, used)
     if not cuda:
         result["host_step_ms"] = result.get("step_ms_16")
         result["host_step_ms_base"] = result.get("step_ms_base")
@@ -312,14 +325,19 @@ def main(argv: list[str] | None = None) -> int:
             result[f"busy_ms_{label}"] = round(busy_ms, 3)
             result[f"top_kernels_{label}"] = top
         result["floor_ms"] = round(floor_ms(engine, cfg, prompt_len + output_len // 2, args.bandwidth_gbs), 3)
+        emit()
+    # The same workloads without CUDA graphs, then without passes launched ahead, where the engine has them.
+    variants = (("base_eager", []), ("16_eager", names[:16])) if graphs is not None else ()
+    variants += (("base_sync", []), ("16_sync", names[:16])) if ahead is not None else ()
+    for label, used in variants:
+        run_labelled(label, used)
     if not args.skip_hf:
         del engine
         hf_prompts = prompts if cuda else prompts[:32]
         result["hf_tok_s_base"] = round(run_hf(folder, [], hf_prompts, output_len, args.hf_batch), 1)
         result["hf_tok_s_16"] = round(run_hf(folder, adapter_paths[:16], hf_prompts, output_len, args.hf_batch), 1)
-    if args.json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
+    emit()
+    if not args.json:
         sys.stdout.writelines(f"{key:>20}: {value}\n" for key, value in result.items())
     return 0
 
