@@ -216,7 +216,7 @@ def _pool_at_rest(stats: EngineStats) -> dict[str, int]:
 
 
 @asynccontextmanager
-async def _client(url: str, timeout: float) -> AsyncIterator[httpx.AsyncClient]:
+async def _client(url: str, timeout: float | httpx.Timeout) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as client:
         yield client
 
@@ -234,7 +234,9 @@ async def _hang_up_mid_stream(url: str, headers: dict[str, str], body: dict, aft
 
 
 async def _give_up_waiting(url: str, headers: dict[str, str], body: dict, after_s: float) -> None:
-    async with _client(url, after_s) as client:
+    """Wait ``after_s`` for the answer, then hang up. Connecting has its own 30 s: on a loaded machine 18 clients
+    may wait longer than ``after_s`` to connect, and a client that never sent its request drills nothing."""
+    async with _client(url, httpx.Timeout(after_s, connect=30.0)) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/v1/completions", json=body, headers=headers)
 
