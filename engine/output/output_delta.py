@@ -116,7 +116,11 @@ class OutputAssembler:
         if choice is None:
             choice = self._choices[delta.index] = _Choice()
         choice.token_ids.extend(delta.new_token_ids)
-        choice.streamed_text += delta.delta_text
+        # ``choice.streamed_text += ...`` would copy the whole text every delta: CPython grows a string in place only
+        # when its one reference is a local variable (outputs handed out before hold it too until they are dropped)
+        text, choice.streamed_text = choice.streamed_text, ""
+        text += delta.delta_text
+        choice.streamed_text = text
         if delta.new_logprobs is not None:
             if choice.logprobs is None:
                 choice.logprobs = []

@@ -107,14 +107,14 @@ def _add_sparse(logits: torch.Tensor, entries: SparseLogits) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
-    rows = penalties.rows  # [num_entries]
-    index = (rows, penalties.token_ids)
-    values = logits[index]  # [num_entries]
-    repetition = penalties.repetition[rows]  # [num_entries]; 1 leaves a value as it is
-    values = torch.where(values > 0, values / repetition, values * repetition)  # [num_entries]
-    counts = penalties.output_counts  # [num_entries]
-    values = values - penalties.frequency[rows] * counts - penalties.presence[rows] * (counts > 0)  # [num_entries]
-    return logits.index_put_(index, values)  # [num_rows, vocab]; each (row, token) pair is there once
+    logits = logits.contiguous()  # [num_rows, vocab], itself unless it is a view of another layout
+    flat = logits.view(-1)  # [num_rows * vocab]
+    values = flat.index_select(0, penalties.flat_index)  # [num_entries]
+    if penalties.repetition is not None:  # a factor of 1 leaves a value as it is
+        repetition = penalties.repetition  # [num_entries]
+        values = torch.where(values > 0, values / repetition, values * repetition)  # [num_entries]
+    flat.index_copy_(0, penalties.flat_index, values.sub_(penalties.offsets))  # each (row, token) pair is there once
+    return logits
 
 
 def _draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -190,7 +190,7 @@ def test_sampling_batch_for_cuda_is_built_on_the_host_and_moved_once(monkeypatch
     rng = random.Random(0)
     rows = [
         SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, presence_penalty=0.5, logit_bias={3: 1.0}),
-        SamplingParams(temperature=0.0, top_k=11),
+        SamplingParams(temperature=0.0, top_k=11, repetition_penalty=1.1),
         SamplingParams(temperature=1.2, min_tokens=4, max_tokens=8, stop_token_ids=(6,)),
     ]
     seqs = []
@@ -214,9 +214,9 @@ def test_sampling_batch_for_cuda_is_built_on_the_host_and_moved_once(monkeypatch
         batch.top_k,
         batch.top_p,
         batch.min_p,
-        batch.penalties.rows,
-        batch.penalties.token_ids,
-        batch.penalties.output_counts,
+        batch.penalties.flat_index,
+        batch.penalties.offsets,
+        batch.penalties.repetition,
         batch.logit_bias.values,
         batch.banned.rows,
         batch.greedy_rows,  # the sampler indexes the logits with it: a Python list there would be a blocking copy

@@ -93,6 +93,29 @@ def test_penalty_counts_follow_the_tokens_appended_between_steps() -> None:
     torch.testing.assert_close(got, _reference(logits, [proposed, seq]), rtol=1e-5, atol=1e-5)
 
 
+def test_rows_without_a_repetition_penalty_send_no_factor_and_still_match_the_reference() -> None:
+    rng = random.Random(6)
+    params = [SamplingParams(presence_penalty=0.4), SamplingParams(temperature=0), SamplingParams(frequency_penalty=1)]
+    seqs = [_seq(p, rng) for p in params]
+    batch = build_sampling_batch(seqs, VOCAB, torch.device("cpu"))
+    assert batch.penalties is not None and batch.penalties.repetition is None
+    logits = torch.randn(len(seqs), VOCAB) * 3  # [rows, vocab]
+    torch.testing.assert_close(apply_logit_rules(logits.clone(), batch), _reference(logits, seqs), rtol=0, atol=1e-6)
+
+
+def test_a_penalty_follows_the_exact_count_of_a_long_output() -> None:
+    """What a token's count takes off its logit is computed from the count, so thousands of repeats do not drift."""
+    params = SamplingParams(frequency_penalty=0.1, presence_penalty=0.3)
+    seq = Sequence("r", [1, 2], params, detokenizer=None, eos_token_ids=frozenset({EOS}))  # type: ignore[arg-type]
+    for _ in range(3):
+        seq.token_ids += [5] * 1000 + [6]
+        logits = torch.zeros(1, VOCAB)  # [1, vocab]
+        got = apply_logit_rules(logits, build_sampling_batch([seq], VOCAB, torch.device("cpu")))
+    assert got[0, 5].item() == torch.tensor(-(0.1 * 3000 + 0.3), dtype=torch.float32).item()
+    assert got[0, 6].item() == torch.tensor(-(0.1 * 3 + 0.3), dtype=torch.float32).item()
+    assert got[0, 1].item() == 0.0  # a prompt token: not output
+
+
 def test_a_step_without_rules_builds_nothing_and_returns_the_logits_untouched() -> None:
     rng = random.Random(1)
     seqs = [_seq(SamplingParams(temperature=t), rng) for t in (0.0, 0.7, 1.0)]
