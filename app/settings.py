@@ -38,8 +38,8 @@ DEFAULT_RESPONSE_RETENTION_DAYS = 30
 MAX_RESPONSE_RETENTION_DAYS = 3650
 # How much the log says; the first is the default. "info" keeps other libraries' INFO lines out of it.
 LOG_LEVELS = ("info", "debug", "warning", "error")
-# The engine's token budget per step (EngineConfig.max_num_batched_tokens): every running sequence decodes
-# one token a step, so no more sequences than this can run at once.
+# Most sequences the engine may run at once: its token budget per step on a CPU (DEFAULT_STEP_TOKENS), since
+# every running sequence decodes one token a step.
 MAX_NUM_SEQS_LIMIT = 512
 # An adapter file is one PostgreSQL bytea value, and PostgreSQL caps a value at 1 GB: uploads stay below.
 MAX_ADAPTER_MB_LIMIT = 1023

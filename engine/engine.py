@@ -94,7 +94,7 @@ class Engine:
             self.kv,
             self.adapters,
             config.max_num_seqs,
-            config.max_num_batched_tokens,
+            config.step_token_budget(self.device),
             QUEUE_BY_POLICY[config.scheduling_policy](),
             self.speculator,
         )

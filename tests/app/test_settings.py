@@ -12,10 +12,12 @@ from pathlib import Path
 
 import click.testing
 import pytest
+import torch
 
 from app.cli.main import cli
 from app.settings import MAX_NUM_SEQS_LIMIT, Settings, SettingsError
 from engine import EngineConfig
+from engine.config import DEFAULT_STEP_TOKENS
 
 MIB = 1024**2
 
@@ -123,9 +125,10 @@ def test_the_table_covers_every_setting() -> None:
     assert sorted(row.field for row in TABLE) == sorted(field.name for field in dataclasses.fields(Settings))
 
 
-def test_the_sequence_limit_is_the_engines_token_budget() -> None:
-    budget = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "max_num_batched_tokens")
-    assert budget == MAX_NUM_SEQS_LIMIT
+def test_the_sequence_limit_is_the_engines_token_budget_on_a_cpu() -> None:
+    assert DEFAULT_STEP_TOKENS["cpu"] == MAX_NUM_SEQS_LIMIT
+    config = EngineConfig(model="m", max_num_seqs=MAX_NUM_SEQS_LIMIT)
+    assert config.step_token_budget(torch.device("cpu")) == MAX_NUM_SEQS_LIMIT
 
 
 def test_the_command_line_refuses_an_adapter_size_postgres_cannot_store(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def check_invariants(engine: Engine, output: SchedulerOutput | None = None) -> N
             assert holders[page.page_id] == 0, f"page {page.page_id} is {page.owner} but held by a sequence"
     assert len(engine.scheduler.running) <= engine.config.max_num_seqs
     if output is not None:
-        assert output.num_batched_tokens <= engine.config.max_num_batched_tokens
+        assert output.num_batched_tokens <= engine.scheduler.max_num_batched_tokens
         assert output.num_batched_tokens == sum(item.num_new_tokens for item in output.scheduled)
 
 

@@ -114,6 +114,17 @@ def test_cuda_defaults_to_bf16_and_the_triton_kernels() -> None:
     assert CONFIG.kernel_backend(cuda, torch.bfloat16, 64) is KernelBackend.TRITON
 
 
+def test_a_step_takes_2048_tokens_on_cuda_and_512_on_a_cpu_unless_told_or_more_sequences_run() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert (CONFIG.step_token_budget(cuda), CONFIG.step_token_budget(cpu)) == (2048, 512)
+    many = EngineConfig(model="unused", max_num_seqs=4096)
+    assert (many.step_token_budget(cuda), many.step_token_budget(cpu)) == (4096, 4096)
+    told = EngineConfig(model="unused", max_num_batched_tokens=96)
+    assert (told.step_token_budget(cuda), told.step_token_budget(cpu)) == (96, 96)
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(96\) must be at least max_num_seqs \(128\)"):
+        EngineConfig(model="unused", max_num_seqs=128, max_num_batched_tokens=96)
+
+
 def test_auto_device_follows_cuda_availability(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert CONFIG.torch_device() == torch.device("cuda")
