@@ -2,9 +2,9 @@
 
 By default the tiny model of ``bench_gpu --quick`` (its random weights and adapters, one CPU thread); with
 ``--cuda`` bench_gpu's model shape (``--shape``, llama-1b) in bf16 on the GPU. 256 requests of 16 prompt tokens over
-16 adapters round robin (``--base``: none), greedy, ``ignore_eos`` (``--frequency-penalty``: none); once all 256
-decode together (and have ``--after`` output tokens each), ``--steps`` steps are clocked. Each phase is a call the
-step makes once (scheduling, building the step's tables, moving them to the device, the forward pass, building the
+16 adapters round robin (``--base``: none), greedy, ``ignore_eos`` (``--frequency-penalty``, ``--logprobs``: none); once
+all 256 decode together (and have ``--after`` output tokens each), ``--steps`` steps are clocked. Each phase is a call
+the step makes once (scheduling, building the step's tables, moving them to the device, the forward pass, building the
 sampler's input, sampling, launching the next pass ahead, reading the tokens, accepting, applying the tokens);
 the report is each phase's median over the steps, and
 the step's. One clock read a call, no profiler. The garbage collector's passes during those steps are timed too
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--frequency-penalty", type=float, default=0.0, help="every request's (the sampler then counts its tokens)"
     )
+    parser.add_argument("--logprobs", type=int, default=None, help="every request's (top alternatives per token)")
     parser.add_argument("--no-freeze", action="store_true", help="leave the start's objects to the collector")
     parser.add_argument(
         "--launch-ahead", default="auto", choices=("auto", "on", "off"), help="EngineConfig.launch_ahead (auto: CUDA)"
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=0.0,
         ignore_eos=True,
         frequency_penalty=args.frequency_penalty,
+        logprobs=args.logprobs,
     )
     for index, prompt in enumerate(make_requests(NUM_ROWS, engine.model_config.vocab_size, 16, seed=0)):
         engine.add_request(prompt, params, adapter=names[index % len(names)] if names else None)
