@@ -19,8 +19,10 @@ same), and a sequence that ended or was preempted meanwhile frees its pages only
 device does with them next is queued behind the pass.
 
 A pass is launched when every row of the step sampled one token (no proposal verified, no choice forked, no prompt
-logprobs scored, whose reading would wait for the pass) and, with speculative decoding on, the step leaves
-proposals no room (the next step would verify proposals in rows of their own). A row whose drawn token is its last
+logprobs scored, whose reading would wait for the pass). With speculative decoding on, a step that verified no
+proposal (the prompt lookup found none, the step had no room, or low acceptance rates paused it) is most often
+followed by another; a row that does get proposals runs them in the next step's own forward pass and leaves its
+row of the pass unused. A row whose drawn token is its last
 by ``max_tokens`` is left out. A pass that fails to launch is logged, and no pass is launched after it (as a
 failed CUDA graph capture leaves every step eager).
 """
@@ -37,7 +39,7 @@ from engine.adapters.lora_batch import LoraStepMemo
 from engine.config import ModelConfig
 from engine.memory.kv_cache_manager import KVCacheManager
 from engine.memory.page_pool import PagePool
-from engine.scheduling.scheduler import ScheduledSeq, Scheduler
+from engine.scheduling.scheduler import ScheduledSeq
 from engine.scheduling.sequence import Sequence
 from engine.speculative.verification import DraftPosition
 from engine.step.step_batch import HOST, StepBatch, build_step_batch
@@ -77,7 +79,6 @@ class LaunchAhead:
         self,
         *,
         forward: Callable[[StepBatch], torch.Tensor],
-        scheduler: Scheduler,
         kv: KVCacheManager,
         pool: PagePool,
         model_config: ModelConfig,
@@ -85,7 +86,6 @@ class LaunchAhead:
         lora_memo: LoraStepMemo,
     ) -> None:
         self._forward = forward
-        self._scheduler = scheduler
         self._kv = kv
         self._pool = pool
         self._model_config = model_config
@@ -102,9 +102,6 @@ class LaunchAhead:
         self._pending = None
         if self._failed or any(isinstance(row, DraftPosition) for row in rows):
             return
-        speculator = self._scheduler.speculator
-        if speculator is not None and len(rows) < speculator.max_step_tokens:
-            return  # the next step has room for proposals, verified in rows of their own
         try:
             self._pending = self._launch(cast("list[Sequence]", rows), token_ids)
         except Exception:  # an optimisation: the steps run as they would without it

@@ -72,7 +72,6 @@ class StepRunner:
         self.ahead = (
             LaunchAhead(
                 forward=self._forward,
-                scheduler=scheduler,
                 kv=kv,
                 pool=pool,
                 model_config=model_config,

@@ -74,12 +74,17 @@ def run(engine: Engine, prompts, params, adapters, abort_at: int | None = None) 
     return {request_id: finals[request_id] for request_id in ids}
 
 
-def both(tiny_llama: Path, adapter: Path, kernels: str, abort_at: int | None = None, stop_token=None, **config):
-    """The workload without launching ahead, then with; the second engine, to read its counts."""
+def both(
+    tiny_llama: Path, adapter: Path, kernels: str, abort_at: int | None = None, stop_token=None, propose=None, **config
+):
+    """The workload without launching ahead, then with (``propose``: the speculator's proposer); the second engine,
+    to read its counts."""
     results = []
     for ahead in (False, True):
         engine = make_engine(tiny_llama, kernels=kernels, launch_ahead=ahead, **config)
         engine.add_adapter("qv", adapter)
+        if propose is not None:
+            engine.speculator.propose = propose
         results.append(run(engine, *workload(stop_token), abort_at=abort_at))
     assert_same(results[1], results[0], kernels)
     return engine
@@ -146,12 +151,46 @@ def test_same_tokens_under_preemption_and_an_abort(tiny_llama: Path, adapter: Pa
     assert stats.num_preemptions > 0 and stats.num_steps_launched_ahead > 0, stats
 
 
-def test_no_pass_while_proposals_have_room(tiny_llama: Path, adapter: Path) -> None:
+def test_same_tokens_when_proposals_run_beside_the_rows_of_a_pass(
+    tiny_llama: Path, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With speculative decoding on and room for proposals, a pass is launched after each step that verified none;
+    a row that gets proposals in the next step verifies them in the step's own forward pass beside the pass's rows,
+    and no pass is launched after a step that verified proposals (rows would be at positions the host reads)."""
+    take = launch_ahead.LaunchAhead.take
+    launch = launch_ahead.LaunchAhead.launch
+    beside, after_proposals = [], []
+
+    def recording_take(self, items):
+        taken = take(self, items)
+        if taken is not None and any(item.draft_token_ids for item in taken.rest):
+            beside.append((len(taken.seqs), len(taken.rest)))
+        return taken
+
+    def recording_launch(self, rows, token_ids):
+        launch(self, rows, token_ids)
+        if any(isinstance(row, launch_ahead.DraftPosition) for row in rows):
+            after_proposals.append(self._pending)
+
+    monkeypatch.setattr(launch_ahead.LaunchAhead, "take", recording_take)
+    monkeypatch.setattr(launch_ahead.LaunchAhead, "launch", recording_launch)
+
+    def every_third_position_repeats_its_last_token(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+        return [token_ids[-1]] * k if len(token_ids) % 3 == 0 else []
+
     engine = both(
-        tiny_llama, adapter, "native", max_num_seqs=32, num_speculative_tokens=3, speculative_max_step_tokens=64
+        tiny_llama,
+        adapter,
+        "native",
+        propose=every_third_position_repeats_its_last_token,
+        max_num_seqs=32,
+        num_speculative_tokens=3,
+        speculative_max_step_tokens=64,
     )
     stats = engine.stats()
-    assert stats.num_steps_launched_ahead == stats.num_passes_dropped == 0, stats
+    assert stats.num_steps_launched_ahead > 0 and sum(stats.num_proposed_tokens.values()) > 0, stats
+    assert beside, "some step ran proposals beside a pass's rows"
+    assert after_proposals and not any(after_proposals), "no pass after a step that verified proposals"
 
 
 def test_launch_ahead_defaults_to_cuda_only(tiny_llama: Path) -> None:
