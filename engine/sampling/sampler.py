@@ -107,6 +107,8 @@ def _add_sparse(logits: torch.Tensor, entries: SparseLogits) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    if logits.shape[1] != penalties.vocab_size:  # the flat index would land in other rows' logits
+        raise ValueError(f"logits are {logits.shape[1]} wide, the penalties were built for {penalties.vocab_size}")
     logits = logits.contiguous()  # [num_rows, vocab], itself unless it is a view of another layout
     flat = logits.view(-1)  # [num_rows * vocab]
     values = flat.index_select(0, penalties.flat_index)  # [num_entries]

@@ -32,6 +32,7 @@ class Penalties:
     flat_index: torch.Tensor  # [num_entries] int64, row * vocab + token: each (row, token) pair once
     offsets: torch.Tensor  # [num_entries] fp32, frequency_penalty * output count + presence_penalty (0: prompt only)
     repetition: torch.Tensor | None  # [num_entries] fp32, the row's repetition_penalty; None when every row's is 1
+    vocab_size: int  # the logits' row width flat_index was computed for
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,7 @@ def _penalties(seqs: SequenceOf[Sequence], vocab_size: int, device: torch.device
         repetition=None
         if all(r == 1.0 for r in repetition)
         else torch.from_numpy(np.repeat(np.array(repetition, dtype=np.float32), sizes)).to(device),
+        vocab_size=vocab_size,
     )
 
 

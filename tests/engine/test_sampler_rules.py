@@ -103,6 +103,13 @@ def test_rows_without_a_repetition_penalty_send_no_factor_and_still_match_the_re
     torch.testing.assert_close(apply_logit_rules(logits.clone(), batch), _reference(logits, seqs), rtol=0, atol=1e-6)
 
 
+def test_penalties_built_for_another_vocabulary_width_are_refused() -> None:
+    seq = _seq(SamplingParams(frequency_penalty=0.5), random.Random(7))
+    batch = build_sampling_batch([seq], VOCAB, torch.device("cpu"))
+    with pytest.raises(ValueError, match=f"logits are {VOCAB + 1} wide, the penalties were built for {VOCAB}"):
+        apply_logit_rules(torch.zeros(1, VOCAB + 1), batch)
+
+
 def test_a_penalty_follows_the_exact_count_of_a_long_output() -> None:
     """What a token's count takes off its logit is computed from the count, so thousands of repeats do not drift."""
     params = SamplingParams(frequency_penalty=0.1, presence_penalty=0.3)
